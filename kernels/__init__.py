@@ -1,0 +1,1 @@
+"""Kernel families: each subpackage exports ``FAMILY`` (see :mod:`tik_evo.family`)."""

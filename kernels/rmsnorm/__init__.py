@@ -1,0 +1,3 @@
+from kernels.rmsnorm.family import RMSNormFamily
+
+FAMILY = RMSNormFamily()

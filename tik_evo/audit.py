@@ -1,0 +1,181 @@
+"""Audit: static scan in-process, then every other stage in a worker subprocess pinned to one device.
+
+Stages, cheapest first: static → import → small correctness → full correctness and consistency → timing
+(then fresh-input verification). The worker runs in its own process group, killed as a group on timeout,
+so a candidate that hangs, aborts or segfaults becomes a failed audit with its evidence, never a dead run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tik_evo import staticscan
+from tik_evo.family import Family
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class AuditOutcome:
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    measurements: dict[str, dict[str, Any]] = field(default_factory=dict)
+    best_retimed: dict[str, dict[str, Any]] = field(default_factory=dict)
+    device: dict[str, Any] = field(default_factory=dict)
+    passed: bool = False
+    failure_kind: str | None = None
+    failure: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class AuditJob:
+    family: Family
+    source: str
+    source_hash: str
+    impl_id: str
+    workloads: list[dict[str, Any]]
+    seeds: list[int]
+    evaluate: dict[str, Any]
+    device: str  # "cuda" | "cpu"
+    gpu_index: int = 0
+    best_source_hash: str | None = None
+    time: bool = True
+
+
+def source_file(run_dir: Path, source_hash: str, text: str) -> Path:
+    """Triton needs real source files: candidates are written once, named by their content hash."""
+    path = run_dir / "sources" / f"cand_{source_hash}.py"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return path
+
+
+def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
+    t_start = time.time()
+    out = AuditOutcome()
+    static = staticscan.scan(job.source, job.family.entry_points, tuple(k.name for k in job.family.knobs))
+    static_ok = all(c.passed for c in static)
+    out.stages.append({"name": "static", "passed": static_ok, "seconds": time.time() - t_start,
+                       "checks": [c.to_dict() for c in static], "error": "", "failure_kind": "static"})
+    if not static_ok:
+        out.failure_kind, out.failure = "static", _first_failure(static)
+        out.seconds = time.time() - t_start
+        return out
+
+    work = run_dir / "audits" / job.impl_id
+    work.mkdir(parents=True, exist_ok=True)
+    result_path = work / "result.json"
+    result_path.unlink(missing_ok=True)
+    spec = {
+        "family": job.family.name,
+        "source_path": str(source_file(run_dir, job.source_hash, job.source)),
+        "best_path": None,
+        "workloads": job.workloads,
+        "seeds": job.seeds,
+        "bench_seed": 1000 + job.seeds[0],
+        "evaluate": job.evaluate,
+        "device": job.device,
+        "result_path": str(result_path),
+        "time": job.time,
+    }
+    if job.best_source_hash and job.time:
+        spec["best_path"] = str(run_dir / "sources" / f"cand_{job.best_source_hash}.py")
+    (work / "job.json").write_text(json.dumps(spec, indent=1))
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    if job.device == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    else:
+        env.pop("TRITON_INTERPRET", None)
+        env["CUDA_VISIBLE_DEVICES"] = str(job.gpu_index)
+    timeout = float(job.evaluate.get("timeout_s", 300))
+    with open(work / "worker.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tik_evo.worker", str(work / "job.json")], env=env,
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=str(work))
+        try:
+            rc = proc.wait(timeout=timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc, timed_out = proc.wait(), True
+
+    data = _read_result(result_path)
+    out.stages += data.get("stages", [])
+    out.measurements = data.get("measurements", {})
+    out.best_retimed = data.get("best_retimed", {})
+    out.device = data.get("device", {})
+    out.seconds = time.time() - t_start
+    if timed_out:
+        out.failure_kind = "timeout"
+        out.failure = f"worker killed after {timeout:.0f} s (evaluate.timeout_s); last stage: {_last(out)}"
+    elif data.get("done") and rc == 0:
+        out.passed = True
+    elif rc < 0:
+        name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
+        out.failure_kind = "crash"
+        out.failure = f"worker died of {name} during stage after {_last(out)}; log tail:\n{_tail(work)}"
+    else:
+        failed = [s for s in out.stages if not s["passed"]]
+        if failed:
+            s = failed[0]
+            out.failure_kind = s.get("failure_kind") or "check"
+            out.failure = s.get("error") or _first_failure_dicts(s.get("checks", []))
+        else:
+            out.failure_kind = "crash"
+            out.failure = f"worker exited with code {rc} after {_last(out)}; log tail:\n{_tail(work)}"
+    if out.failure_kind:
+        out.stages.append({"name": "outcome", "passed": False, "seconds": 0.0, "checks": [],
+                           "error": out.failure, "failure_kind": out.failure_kind})
+    return out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _read_result(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _last(out: AuditOutcome) -> str:
+    return out.stages[-1]["name"] if out.stages else "start"
+
+
+def _tail(work: Path, n: int = 1500) -> str:
+    try:
+        return (work / "worker.log").read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def _first_failure(checks: list) -> str:
+    for c in checks:
+        if not c.passed:
+            return f"{c.name}: {c.details}"
+    return ""
+
+
+def _first_failure_dicts(checks: list[dict[str, Any]]) -> str:
+    for c in checks:
+        if not c["passed"]:
+            return f"{c['name']}: {c['details']}"
+    return ""

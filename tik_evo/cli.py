@@ -1,0 +1,298 @@
+"""`tik-evo` command line: run, resume, status, show, lineage, export, check, bench, tui."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from tik_evo.config import ConfigError, load_campaign
+from tik_evo.families import FamilyError, load_family
+from tik_evo.initialization import InitError
+from tik_evo.store import Store, StoreError
+
+console = Console(stderr=True)
+out = Console()
+
+
+def _family(cfg):
+    try:
+        return load_family(cfg.kernel)
+    except FamilyError as e:
+        raise ConfigError(f"{cfg.source_file}: key 'kernel': {e}") from e
+
+
+def check_family(family) -> list[str]:
+    """Problems with a family's root and knob space, found without running anything."""
+    from tik_evo import staticscan
+    from tik_evo.knobs import KnobsError, read_knobs
+
+    problems = []
+    src = family.root_source()
+    for c in staticscan.scan(src, family.entry_points, tuple(k.name for k in family.knobs)):
+        if not c.passed:
+            problems.append(f"kernels/{family.name}/root.py: {c.name}: {c.details}")
+    try:
+        knobs = read_knobs(src)
+        for k in family.knobs:
+            if k.name not in knobs:
+                problems.append(f"kernels/{family.name}/root.py: KNOBS has no {k.name!r}")
+            elif knobs[k.name] not in k.values:
+                problems.append(f"kernels/{family.name}/root.py: KNOBS[{k.name!r}]={knobs[k.name]!r} "
+                                f"is not among the knob's values {list(k.values)}")
+    except KnobsError as e:
+        problems.append(f"kernels/{family.name}/root.py: {e}")
+    names = {k.name for k in family.knobs}
+    for o in family.opportunities():
+        for k in o.knobs:
+            if k not in names:
+                problems.append(f"kernels/{family.name}: opportunity {o.kind!r} names unknown knob {k!r}")
+    return problems
+
+
+def cmd_check(args) -> int:
+    from tik_evo.workloads import resolve_workloads
+
+    cfg = load_campaign(args.campaign, args.overrides)
+    family = _family(cfg)
+    workloads = resolve_workloads(cfg, family)
+    problems = check_family(family)
+    if problems:
+        for p in problems:
+            console.print(f"[red]error:[/] {p}")
+        return 2
+    phases: dict[str, int] = {}
+    for w in workloads:
+        phases[w["phase"]] = phases.get(w["phase"], 0) + 1
+    out.print(f"[green]ok[/] {args.campaign}: campaign {cfg.name!r}, family {family.name!r}, "
+              f"{len(workloads)} workloads ({', '.join(f'{k} {v}' for k, v in phases.items())}), "
+              f"{len(family.knobs)} knobs, {len(family.opportunities())} opportunities, "
+              f"sampler {cfg.search.sampler}, operators {list(cfg.search.operators)}, GPU {cfg.gpu.name} "
+              f"(policy {cfg.gpu.policy})")
+    return 0
+
+
+def _search(store, cfg, family, quiet: bool) -> str:
+    from tik_evo.loop import Search
+    from tik_evo.progress import LiveProgress
+
+    with LiveProgress(cfg, console, enabled=not quiet) as progress:
+        return Search(store, cfg, family, on_step=progress.update).run()
+
+
+def _summary(store: Store, reason: str) -> None:
+    from tik_evo.report import status
+
+    out.print(status(store))
+    out.print(f"\n[bold]finished:[/] {reason}\n[bold]run directory:[/] {store.run_dir}")
+
+
+def cmd_run(args) -> int:
+    from tik_evo.initialization import initialize, resolve_device
+    from tik_evo.workloads import resolve_workloads
+
+    cfg = load_campaign(args.campaign, args.overrides)
+    family = _family(cfg)
+    workloads = resolve_workloads(cfg, family)
+    problems = check_family(family)
+    if problems:
+        raise ConfigError("; ".join(problems))
+    run_dir = Path(cfg.store.path)
+    if (run_dir / "ir.lmdb").exists():
+        raise ConfigError(f"key 'store.path': {run_dir} already holds a run; `tik-evo resume {run_dir}` continues "
+                          f"it, or pass store.path=<new dir>")
+    if args.tui:
+        return _run_with_tui(args, run_dir)
+    device, facts, warnings = resolve_device(cfg)
+    for w in warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    store = Store.create(run_dir)
+    console.print(f"run directory: {run_dir}")
+    try:
+        initialize(store, cfg, family, workloads, device, facts, log=lambda m: console.print(m))
+        reason = _search(store, cfg, family, args.quiet)
+        _summary(store, reason)
+    finally:
+        store.close()
+    return 0
+
+
+def _run_with_tui(args, run_dir: Path) -> int:
+    """The search runs in a child process; the TUI reads the store read-only from this one."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir / "run.log", "ab")
+    argv = [sys.executable, "-m", "tik_evo.cli", "run", args.campaign, *args.overrides, "--quiet"]
+    child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    while not (run_dir / "ir.lmdb" / "data.mdb").exists() and child.poll() is None:
+        time.sleep(0.2)
+    if child.poll() not in (None, 0):
+        console.print(f"[red]error:[/] the search exited with code {child.returncode}; see {run_dir / 'run.log'}")
+        return child.returncode or 1
+    from tui.app import run_tui
+
+    run_tui(run_dir)
+    if child.poll() is None:
+        console.print(f"the search continues in the background (pid {child.pid}); log: {run_dir / 'run.log'}; "
+                      f"`tik-evo tui {run_dir}` reopens the view")
+    return 0
+
+
+def cmd_resume(args) -> int:
+    from tik_evo.initialization import initialize, resolve_device
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{run_dir}: no config.yaml; is this a run directory?")
+    cfg = load_campaign(run_dir / "config.yaml", args.overrides)
+    family = _family(cfg)
+    store = Store.open_writer(run_dir)
+    try:
+        st = store.state()
+        if st.get("root") is None:
+            console.print("the run was interrupted before its root was verified: initializing again")
+            device, facts, _ = resolve_device(cfg)
+            initialize(store, cfg, family, st.get("workloads") or _workloads(cfg, family), device, facts,
+                       log=lambda m: console.print(m))
+        elif st.get("finished"):
+            with store.transaction() as txn:
+                txn.state["finished"] = None
+                txn.event("resume", "resumed after finishing: " + " ".join(args.overrides))
+        else:
+            with store.transaction() as txn:
+                txn.event("resume", f"resumed at step {txn.state['evaluations']}")
+        if args.overrides:
+            from tik_evo.config import to_yaml
+
+            (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        console.print(f"resuming {run_dir}: {store.state()['evaluations']} evaluations so far")
+        reason = _search(store, cfg, family, args.quiet)
+        _summary(store, reason)
+    finally:
+        store.close()
+    return 0
+
+
+def _workloads(cfg, family):
+    from tik_evo.workloads import resolve_workloads
+
+    return resolve_workloads(cfg, family)
+
+
+def cmd_status(args) -> int:
+    from tik_evo.report import status
+
+    with Store.open_reader(Path(args.run_dir)) as store:
+        out.print(status(store))
+    return 0
+
+
+def cmd_show(args) -> int:
+    from tik_evo.report import show
+
+    with Store.open_reader(Path(args.run_dir)) as store:
+        out.print(show(store, args.impl_id))
+    return 0
+
+
+def cmd_lineage(args) -> int:
+    from tik_evo.report import lineage_tree
+
+    with Store.open_reader(Path(args.run_dir)) as store:
+        out.print(lineage_tree(store))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from tik_evo.report import export
+
+    with Store.open_reader(Path(args.run_dir)) as store:
+        fh = open(args.output, "w") if args.output else sys.stdout
+        n = 0
+        for line in export(store):
+            fh.write(line + "\n")
+            n += 1
+        if args.output:
+            fh.close()
+            console.print(f"wrote {n} records to {args.output}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    try:
+        module = importlib.import_module(f"kernels.{args.family}.bench")
+    except ModuleNotFoundError as e:
+        raise ConfigError(f"family {args.family!r} has no benchmark (kernels/{args.family}/bench.py): {e}") from e
+    return int(module.main(args.rest) or 0)
+
+
+def cmd_tui(args) -> int:
+    from tui.app import run_tui
+
+    Store.open_reader(Path(args.run_dir)).close()  # fail early with a clear message
+    run_tui(Path(args.run_dir))
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tik-evo", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run a campaign from its root")
+    r.add_argument("campaign")
+    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. search.max_evaluations=20")
+    r.add_argument("--tui", action="store_true", help="watch the run in the TUI")
+    r.add_argument("--quiet", action="store_true", help="no live progress display")
+    r.set_defaults(fn=cmd_run)
+    r = sub.add_parser("resume", help="continue a run that stopped or was killed")
+    r.add_argument("run_dir")
+    r.add_argument("overrides", nargs="*")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(fn=cmd_resume)
+    for name, fn, help_ in (("status", cmd_status, "best, speed-ups, κ, budgets"),
+                            ("lineage", cmd_lineage, "the derivation tree"),
+                            ("tui", cmd_tui, "watch a run (live or finished)")):
+        r = sub.add_parser(name, help=help_)
+        r.add_argument("run_dir")
+        r.set_defaults(fn=fn)
+    r = sub.add_parser("show", help="one implementation: source diff, checks, measurements")
+    r.add_argument("run_dir")
+    r.add_argument("impl_id")
+    r.set_defaults(fn=cmd_show)
+    r = sub.add_parser("export", help="all records as JSON lines")
+    r.add_argument("run_dir")
+    r.add_argument("-o", "--output")
+    r.set_defaults(fn=cmd_export)
+    r = sub.add_parser("check", help="validate a campaign, its workloads and its family without running")
+    r.add_argument("campaign")
+    r.add_argument("overrides", nargs="*")
+    r.set_defaults(fn=cmd_check)
+    r = sub.add_parser("bench", help="benchmark a family against its peers (GPU)")
+    r.add_argument("family")
+    r.add_argument("rest", nargs=argparse.REMAINDER)
+    r.set_defaults(fn=cmd_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ConfigError, StoreError) as e:
+        console.print(f"[red]error:[/] {e}")
+        return 2
+    except InitError as e:
+        console.print(f"[red]error:[/] {e}")
+        return 1
+    except KeyboardInterrupt:
+        console.print("interrupted: every finished step is stored; `tik-evo resume RUN_DIR` continues")
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Campaign configuration: OmegaConf structured configs, one dataclass per section.
+
+``load_campaign(path, overrides)`` merges the YAML file and dotted command-line overrides onto the schema;
+unknown keys, wrong types and missing files raise :class:`ConfigError` naming the file and the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+SAMPLERS = ("tpe", "random", "nsga2", "bruteforce")
+GPU_POLICIES = ("warn", "refuse", "interpret")
+DEVICES = ("auto", "cuda", "interpreter")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass
+class GPUConfig:
+    name: str = "any"  # the GPU the campaign was written for (H200, H20, A100, any)
+    policy: str = "warn"  # when the real GPU differs: warn (run, record it) | refuse | interpret
+
+
+@dataclass
+class WorkloadsConfig:
+    file: str = MISSING  # relative to the campaign file
+    default_weight: float = 1.0
+    default_limit: float = 1.05  # t_j <= limit_j * t_j(root)
+    overrides: dict[str, Any] = field(default_factory=dict)  # workload name -> {weight, limit}
+    only: list[str] = field(default_factory=list)  # run a subset by name (empty: all)
+
+
+@dataclass
+class ObjectiveConfig:
+    normalize: bool = False  # T = sum_j w_j t_j / t_j(root): one long workload cannot drown the rest
+    noise_k: float = 2.0  # promotion margin = max(min_margin, noise_k * measured relative spread)
+    min_margin: float = 0.005
+
+
+@dataclass
+class CorrectnessConfig:
+    seeds: list[int] = field(default_factory=lambda: [0, 1])
+
+
+@dataclass
+class SearchConfig:
+    sampler: str = "tpe"
+    seed: int = 0
+    operators: list[str] = field(default_factory=lambda: ["knob"])
+    max_evaluations: int = 50  # audited offspring
+    kappa_threshold: int = 30  # stop after this many consecutive non-improving audited offspring
+    wall_time_s: float = 3600.0
+    frontier_size: int = 8
+    parent_patience: int = 4  # non-improving children in a row before a parent is archived
+    reactivate_every: int = 6  # at every such multiple of kappa, reactivate the best archived implementation
+    archive_factor: float = 1.25  # verified offspring slower than this x best go straight to the archive
+    max_duplicates: int = 200  # proposals that repeat an existing source (not audited) before stopping
+
+
+@dataclass
+class EvaluateConfig:
+    timeout_s: float = 300.0
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    interpreter_reps: int = 3
+    retime_best: bool = True  # time the current best in the same audit, on the same device
+    gpu_index: int = 0
+
+
+@dataclass
+class StoreConfig:
+    path: str = "runs/${name}"
+
+
+@dataclass
+class AblationConfig:
+    numerical_requirements: bool = True  # show the family's requirements to LLM operators
+    evidence: bool = True  # show audit evidence to LLM operators
+    lineage_management: bool = True  # archive / reactivate / abandon decisions; off: always extend the best
+    branch_exploration: bool = True  # keep verified non-best offspring as parents; off: frontier = {best}
+
+
+@dataclass
+class LLMModel:
+    model: str = MISSING  # any litellm model string: anthropic/..., openai/..., hosted_vllm/...
+    weight: float = 1.0
+    api_base: Optional[str] = None
+    temperature: float = 0.7
+
+
+@dataclass
+class LLMConfig:
+    models: list[LLMModel] = field(default_factory=list)
+    timeout_s: float = 120.0  # per call
+    total_timeout_s: float = 600.0  # per action, retries included
+    max_retries: int = 3
+    max_tokens: int = 0  # run budget in tokens (0: unlimited)
+    max_usd: float = 0.0  # run budget in USD (0: unlimited)
+    max_output_tokens: int = 8192
+    answer: str = "edits"  # edits | file
+
+
+@dataclass
+class Campaign:
+    name: str = MISSING
+    kernel: str = MISSING
+    gpu: GPUConfig = field(default_factory=GPUConfig)
+    device: str = "auto"
+    workloads: WorkloadsConfig = field(default_factory=WorkloadsConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+    search: SearchConfig = field(default_factory=SearchConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    ablation: AblationConfig = field(default_factory=AblationConfig)
+    llm: LLMConfig = field(default_factory=LLMConfig)
+    source_file: str = ""  # filled in by load_campaign: where the campaign came from
+
+
+def _explain(e: OmegaConfBaseException, where: str) -> ConfigError:
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(e).split("\n")[0]
+    return ConfigError(f"{where}: key {key!r}: {msg}")
+
+
+def load_campaign(path: str | Path, overrides: list[str] | None = None) -> DictConfig:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: campaign file not found")
+    schema = OmegaConf.structured(Campaign)
+    try:
+        file_cfg = OmegaConf.load(path)
+    except Exception as e:  # yaml errors come in several types
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    try:
+        cfg = OmegaConf.merge(schema, file_cfg)
+    except OmegaConfBaseException as e:
+        raise _explain(e, str(path)) from e
+    if overrides:
+        bad = [o for o in overrides if "=" not in o]
+        if bad:
+            raise ConfigError(f"command line: override {bad[0]!r} is not of the form key=value")
+        try:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+        except OmegaConfBaseException as e:
+            raise _explain(e, "command-line override") from e
+    cfg.source_file = str(path.resolve())
+    try:
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        raise _explain(e, str(path)) from e
+    if missing:
+        raise ConfigError(f"{path}: key {missing[0]!r} is required but missing")
+    _validate(cfg, path)
+    return cfg
+
+
+def _choice(value: Any, allowed: tuple[str, ...], key: str, path: Path) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{path}: key {key!r}: {value!r} is not one of {list(allowed)}")
+
+
+def _validate(cfg: DictConfig, path: Path) -> None:
+    from tik_evo.operators import OPERATORS
+
+    _choice(cfg.search.sampler, SAMPLERS, "search.sampler", path)
+    _choice(cfg.gpu.policy, GPU_POLICIES, "gpu.policy", path)
+    _choice(cfg.device, DEVICES, "device", path)
+    for op in cfg.search.operators:
+        _choice(op, tuple(OPERATORS), "search.operators", path)
+    if not cfg.search.operators:
+        raise ConfigError(f"{path}: key 'search.operators': at least one operator is needed")
+    if "llm" in cfg.search.operators and not cfg.llm.models:
+        raise ConfigError(f"{path}: key 'llm.models': the llm operator needs at least one model")
+    if not cfg.correctness.seeds:
+        raise ConfigError(f"{path}: key 'correctness.seeds': at least one seed is needed")
+    for key in ("search.max_evaluations", "search.kappa_threshold", "search.frontier_size"):
+        if OmegaConf.select(cfg, key) < 1:
+            raise ConfigError(f"{path}: key {key!r}: must be at least 1")
+    for key in ("evaluate.timeout_s", "search.wall_time_s", "workloads.default_weight", "workloads.default_limit"):
+        if OmegaConf.select(cfg, key) <= 0:
+            raise ConfigError(f"{path}: key {key!r}: must be positive")
+
+
+def workloads_path(cfg: DictConfig) -> Path:
+    return (Path(cfg.source_file).parent / cfg.workloads.file).resolve()
+
+
+def to_yaml(cfg: DictConfig) -> str:
+    return OmegaConf.to_yaml(cfg, resolve=True)

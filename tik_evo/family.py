@@ -1,0 +1,130 @@
+"""The kernel-family contract: everything operator-specific the engine needs, behind one small interface.
+
+A family lives in ``kernels/<name>/`` and exports ``FAMILY``, an instance of a :class:`Family` subclass.
+The engine never imports a kernel directly: it hands the family a loaded candidate module and asks for
+checks and timeable benchmarks. A candidate is one complete source file that defines the family's entry
+points and reads its tunables from a module-level ``KNOBS`` dict (see :mod:`tik_evo.knobs`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable, Literal
+
+Role = Literal["contract", "full", "decode"]
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A tunable read from the candidate's ``KNOBS`` dict.
+
+    ``contract`` knobs change the numerics of both paths (they are one entry used by both paths, so a change
+    is always joint); ``full`` and ``decode`` knobs change only that path's schedule.
+    """
+
+    name: str
+    values: tuple[Any, ...]
+    role: Role
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class OpportunitySpec:
+    """A mechanism worth trying (not a patch). ``knobs`` lists the knobs the knob operator may turn for it."""
+
+    kind: str
+    mechanism: str
+    paths: tuple[str, ...] = ("full", "decode")
+    knobs: tuple[str, ...] = ()
+    workloads: tuple[str, ...] = ()  # empty: all
+
+
+@dataclass
+class Check:
+    """One check's outcome with the evidence a person (or an LLM operator) needs to act on it."""
+
+    name: str
+    passed: bool
+    kind: str  # "consistency" | "reference" | "finite" | "written" | "fresh" | ...
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": self.passed, "kind": self.kind, "details": self.details}
+
+
+@dataclass
+class Bench:
+    """A prepared workload: ``run()`` executes the phase once on device-resident inputs.
+
+    ``verify()`` recomputes on fresh inputs and checks against the reference, so a candidate cannot cache
+    results across the timed runs. ``outputs`` are poisoned (NaN) by the engine before verification.
+    ``bytes_moved``/``flops`` let reports show achieved bandwidth/throughput.
+    """
+
+    run: Callable[[], None]
+    verify: Callable[[], list[Check]]
+    bytes_moved: int = 0
+    flops: int = 0
+    graph_friendly: bool = False  # decode-sized launches: time as CUDA-graph replays
+
+
+class Family(ABC):
+    """Base class of every kernel family. Subclasses set the class attributes and implement the methods."""
+
+    name: str
+    entry_points: tuple[str, ...]
+    phases: tuple[str, ...]
+    knobs: tuple[Knob, ...] = ()
+    # Parameters a workload entry must carry besides name/phase/weight/limit, per phase.
+    workload_params: dict[str, tuple[str, ...]] = {}
+
+    @property
+    def folder(self) -> Path:
+        import inspect
+
+        return Path(inspect.getfile(type(self))).parent
+
+    @property
+    def root_path(self) -> Path:
+        return self.folder / "root.py"
+
+    def root_source(self) -> str:
+        return self.root_path.read_text()
+
+    def requirements(self) -> str:
+        """The numerical requirements in words (fed to LLM operators; an ablation withholds them)."""
+        path = self.folder / "requirements.md"
+        return path.read_text() if path.exists() else ""
+
+    def opportunities(self) -> list[OpportunitySpec]:
+        return []
+
+    def knob(self, name: str) -> Knob:
+        for k in self.knobs:
+            if k.name == name:
+                return k
+        raise KeyError(f"family {self.name!r} has no knob {name!r}")
+
+    def validate_workload(self, workload: dict[str, Any]) -> None:
+        """Raise ``ValueError`` naming the key when a workload entry cannot be run by this family."""
+        phase = workload.get("phase")
+        if phase not in self.phases:
+            raise ValueError(f"phase {phase!r} is not one of {list(self.phases)}")
+        for key in self.workload_params.get(phase, ()):
+            if key not in workload:
+                raise ValueError(f"missing key {key!r} (phase {phase!r} needs {list(self.workload_params[phase])})")
+
+    @abstractmethod
+    def check_cases(self, level: str) -> list[dict[str, Any]]:
+        """Shapes to check at ``level`` "small" (fast gate) or "full" (every consistency case)."""
+
+    @abstractmethod
+    def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
+        """Consistency (bitwise, bf16 and pre-cast fp32), reference accuracy, finiteness, written outputs."""
+
+    @abstractmethod
+    def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
+        """Prepare one workload for timing (fresh random inputs from ``seed``; never zeros)."""

@@ -1,0 +1,129 @@
+"""Initialization: pick the device, audit and measure the root, anchor the limits, seed the opportunities.
+
+Search starts only from a root that compiles, passes every check and is fully measured.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from tik_evo.audit import AuditJob, run_audit
+from tik_evo.config import ConfigError, to_yaml
+from tik_evo.family import Family
+from tik_evo.records import BEST, FAILED, Audit, Implementation, Opportunity
+from tik_evo.store import Store, source_hash
+
+
+class InitError(RuntimeError):
+    pass
+
+
+def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
+    """Return ("cuda" | "cpu", facts to record, warnings), applying the campaign's GPU policy."""
+    import torch
+
+    warnings: list[str] = []
+    want, policy, name = cfg.device, cfg.gpu.policy, cfg.gpu.name
+    has_cuda = torch.cuda.is_available()
+    facts: dict[str, Any] = {"campaign_gpu": name, "policy": policy, "torch": torch.__version__}
+    if want == "interpreter":
+        facts["actual_gpu"] = None
+        return "cpu", facts, warnings
+    if not has_cuda:
+        if want == "cuda":
+            raise ConfigError(f"{cfg.source_file}: key 'device': 'cuda' but no CUDA device is visible")
+        if name.lower() not in ("any", "cpu") and policy != "interpret":
+            raise ConfigError(
+                f"{cfg.source_file}: key 'gpu.policy': campaign {cfg.name!r} targets {name} but no CUDA device is "
+                f"visible. Run it on a GPU machine, or pass gpu.policy=interpret to run under the Triton "
+                f"interpreter (slow: pick small workloads with workloads.only=[...])")
+        facts["actual_gpu"] = None
+        if name.lower() not in ("any", "cpu"):
+            warnings.append(f"no CUDA device: running campaign for {name} under the Triton interpreter")
+        return "cpu", facts, warnings
+    actual = torch.cuda.get_device_name(cfg.evaluate.gpu_index)
+    facts["actual_gpu"] = actual
+    if name.lower() not in ("any", "cpu") and name.lower() not in actual.lower():
+        msg = f"campaign {cfg.name!r} was written for {name} but this GPU is {actual!r}"
+        if policy == "refuse":
+            raise ConfigError(f"{cfg.source_file}: key 'gpu.policy': {msg} (policy refuse)")
+        if policy == "interpret":
+            warnings.append(f"{msg}: policy 'interpret' runs it under the Triton interpreter")
+            return "cpu", facts, warnings
+        warnings.append(f"{msg}: running anyway (policy warn); the real GPU is recorded with every audit")
+    return "cuda", facts, warnings
+
+
+def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[dict[str, Any]], device: str,
+               device_facts: dict[str, Any], log=print) -> None:
+    run_dir = store.run_dir
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    source = family.root_source()
+    h = source_hash(source)
+    log(f"auditing the root of {family.name!r} ({len(workloads)} workloads, device {device})…")
+    t0 = time.time()
+    out = run_audit(run_dir, AuditJob(family, source, h, "I0", workloads, list(cfg.correctness.seeds),
+                                      dict(cfg.evaluate), device, cfg.evaluate.gpu_index))
+    with store.transaction() as txn:
+        st = txn.state
+        st.update(workloads=workloads, device=device, device_facts=device_facts, family=family.name,
+                  weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time())
+        iid, uid = txn.new_id("I"), txn.new_id("U")
+        txn.put_source(source)
+        audit = Audit(uid, iid, out.stages, out.measurements, passed=out.passed, failure_kind=out.failure_kind,
+                      failure=out.failure, device=out.device, seconds=out.seconds,
+                      timer=_timer(out.measurements))
+        if not out.passed:
+            txn.put(Implementation(iid, h, [], "root", FAILED, audit=uid, created=time.time()))
+            txn.put(audit)
+            st["finished"] = {"reason": "root failed its audit", "at": time.time()}
+            txn.event("init", f"root failed its audit ({out.failure_kind})")
+    if not out.passed:
+        raise InitError(f"the root of {family.name!r} failed its audit ({out.failure_kind}): {out.failure[:2000]}\n"
+                        f"evidence: {run_dir / 'audits' / 'I0'}; `tik-evo show {run_dir} I0`")
+    with store.transaction() as txn:
+        st = txn.state
+        st["root_latencies"] = {n: m["median_s"] for n, m in out.measurements.items()}
+        st["limits"] = {w["name"]: {"limit": w["limit"], "max_s": w["limit"] * st["root_latencies"][w["name"]]}
+                        for w in workloads}
+        from tik_evo.lineage import objective
+
+        t_root = objective(out.measurements, st, cfg.objective.normalize)
+        audit.objective, audit.admissible, audit.limits = t_root, True, {}
+        txn.put(audit)
+        txn.put(Implementation(iid, h, [], "root", BEST, audit=uid, created=time.time(),
+                               knobs=_knobs(source), objective=t_root))
+        st.update(root=iid, best=iid, frontier=[iid], root_objective=t_root, best_objective=t_root)
+        st["sources"][h] = iid
+        st["history"].append({"evaluation": 0, "impl": iid, "objective": t_root, "best": t_root, "promoted": True})
+        for spec in family.opportunities():
+            oid = txn.new_id("O")
+            txn.put(Opportunity(oid, spec.kind, spec.mechanism, list(spec.paths), list(spec.knobs),
+                                list(spec.workloads), origin="family", repeatable=bool(spec.knobs),
+                                evidence=[uid], created=time.time()))
+            st["pending_opportunities"].append(oid)
+        st["budgets"]["wall_s"] += time.time() - t0
+        txn.event("init", f"root {iid} verified; T={t_root:.6g} ({_timer(out.measurements)})")
+    log(f"root verified in {time.time() - t0:.1f} s; T(root) = {t_root:.6g} s")
+
+
+def _timer(measurements: dict[str, Any]) -> str:
+    timers = sorted({m.get("timer", "") for m in measurements.values()})
+    return "+".join(timers)
+
+
+def _knobs(source: str) -> dict[str, Any] | None:
+    from tik_evo.knobs import KnobsError, read_knobs
+
+    try:
+        return read_knobs(source)
+    except KnobsError:
+        return None
+
+
+def default_run_dir(cfg: DictConfig) -> Path:
+    return Path(cfg.store.path)

@@ -1,0 +1,42 @@
+"""Read and rewrite a candidate's module-level ``KNOBS = {...}`` dict without executing the source."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+
+class KnobsError(ValueError):
+    pass
+
+
+def _knobs_node(source: str) -> ast.Assign:
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as e:
+        raise KnobsError(f"source does not parse: line {e.lineno}: {e.msg}") from e
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id == "KNOBS"):
+            if not isinstance(node.value, ast.Dict):
+                raise KnobsError("KNOBS must be a dict literal")
+            return node
+    raise KnobsError("source has no module-level `KNOBS = {...}` assignment")
+
+
+def read_knobs(source: str) -> dict[str, Any]:
+    node = _knobs_node(source)
+    try:
+        return ast.literal_eval(node.value)
+    except ValueError as e:
+        raise KnobsError(f"KNOBS must hold literals only: {e}") from e
+
+
+def write_knobs(source: str, knobs: dict[str, Any]) -> str:
+    """Return ``source`` with the KNOBS literal replaced; every other line is kept byte for byte."""
+    node = _knobs_node(source)
+    lines = source.splitlines(keepends=True)
+    start, end = node.lineno - 1, node.end_lineno  # type: ignore[attr-defined]
+    # One entry per line, so a knob change is a one-line diff.
+    new = "KNOBS = {\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in knobs.items()) + "}\n"
+    return "".join(lines[:start]) + new + "".join(lines[end:])

@@ -1,0 +1,153 @@
+"""Promotion and lineage management.
+
+Promotion needs every check passed, every workload within its limit (t_j <= limit_j * t_j(root)) and an
+objective strictly lower than the best's by more than a noise margin taken from the measured spread (the
+best re-timed in the same audit when available). Lineage decisions are separate from promotion: verified
+offspring are kept as parents (continue), set aside (archive) and later revived (reactivate); failed ones are
+abandoned and never become parents.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig
+
+from tik_evo.records import ACTIVE, ARCHIVED, BEST, FAILED, Decision
+from tik_evo.store import Txn
+
+
+def objective(measurements: dict[str, dict[str, Any]], state: dict[str, Any], normalize: bool) -> float:
+    total = 0.0
+    for name, w in state["weights"].items():
+        t = measurements[name]["median_s"]
+        total += w * (t / state["root_latencies"][name] if normalize else t)
+    return total
+
+
+@dataclass
+class Verdict:
+    objective: float | None = None
+    best_objective: float | None = None  # the best's T, re-timed in this audit when possible
+    margin: float = 0.0
+    admissible: bool = False
+    promoted: bool = False
+    limits: dict[str, dict[str, Any]] = field(default_factory=dict)
+    reason: str = ""
+
+
+def judge(passed: bool, measurements: dict, best_retimed: dict, state: dict, cfg: DictConfig) -> Verdict:
+    v = Verdict()
+    if not passed:
+        v.reason = "audit failed"
+        return v
+    if set(measurements) != set(state["weights"]):
+        v.reason = "not every workload was measured"
+        return v
+    norm = cfg.objective.normalize
+    v.objective = objective(measurements, state, norm)
+    for name, lim in state["limits"].items():
+        t = measurements[name]["median_s"]
+        v.limits[name] = {"t_s": t, "max_s": lim["max_s"], "ratio_vs_root": t / state["root_latencies"][name],
+                          "limit": lim["limit"], "ok": t <= lim["max_s"]}
+    over = [n for n, x in v.limits.items() if not x["ok"]]
+    v.admissible = not over
+    same_audit = bool(best_retimed) and set(best_retimed) == set(measurements)
+    v.best_objective = objective(best_retimed, state, norm) if same_audit else state["best_objective"]
+    spreads = [m.get("spread", 0.0) for m in measurements.values()]
+    if same_audit:
+        spreads += [m.get("spread", 0.0) for m in best_retimed.values()]
+    v.margin = max(cfg.objective.min_margin, cfg.objective.noise_k * statistics.median(spreads))
+    if not v.admissible:
+        v.reason = f"over its slowdown limit on {len(over)} workload(s): {', '.join(over[:4])}"
+    elif v.objective < v.best_objective * (1 - v.margin):
+        v.promoted = True
+        v.reason = (f"T {v.objective:.6g} < best {v.best_objective:.6g} by "
+                    f"{(1 - v.objective / v.best_objective):.1%} (margin {v.margin:.1%})")
+    else:
+        v.reason = (f"T {v.objective:.6g} vs best {v.best_objective:.6g}: not better by more than the "
+                    f"margin {v.margin:.1%}")
+    return v
+
+
+def _decide(txn: Txn, impl_id: str, decision: str, reason: str, evidence: list[str]) -> None:
+    did = txn.new_id("D")
+    txn.put(Decision(did, impl_id, decision, reason, evidence, txn.state["step"]))
+    txn.event("decision", f"{decision} {impl_id}: {reason}", impl=impl_id)
+
+
+def _set_status(txn: Txn, impl_id: str, status: str) -> None:
+    impl = txn.get(impl_id)
+    impl.status = status
+    txn.put(impl)
+    st = txn.state
+    st["frontier"] = [i for i in st["frontier"] if i != impl_id]
+    st["archive"] = [i for i in st["archive"] if i != impl_id]
+    if status in (BEST, ACTIVE):
+        st["frontier"].append(impl_id)
+    elif status == ARCHIVED:
+        st["archive"].append(impl_id)
+
+
+def _sort_frontier(txn: Txn) -> None:
+    objs = {i: txn.get(i).objective or float("inf") for i in txn.state["frontier"]}
+    txn.state["frontier"].sort(key=lambda i: objs[i])
+
+
+def apply(txn: Txn, child_id: str, parent_id: str, verdict: Verdict, audit_id: str, cfg: DictConfig,
+          failed: bool, failure: str) -> None:
+    """Record the lineage decisions for one audited offspring and update the frontier, archive and κ."""
+    st = txn.state
+    lm, branch = cfg.ablation.lineage_management, cfg.ablation.branch_exploration
+    streak = st.setdefault("parent_streak", {})
+    if failed:
+        _set_status(txn, child_id, FAILED)
+        _decide(txn, child_id, "abandon", f"failed audit: {failure[:300]}", [audit_id])
+    elif verdict.promoted:
+        old = st["best"]
+        _set_status(txn, old, ACTIVE if branch else ARCHIVED)
+        _set_status(txn, child_id, BEST)
+        st["best"], st["best_objective"] = child_id, verdict.objective
+        _decide(txn, child_id, "promote", verdict.reason, [audit_id])
+    elif not branch:
+        _set_status(txn, child_id, ARCHIVED)
+        _decide(txn, child_id, "archive", f"branch exploration disabled; {verdict.reason}", [audit_id])
+    elif lm and verdict.objective is not None and verdict.objective > cfg.search.archive_factor * st["best_objective"]:
+        _set_status(txn, child_id, ARCHIVED)
+        _decide(txn, child_id, "archive", f"verified but {verdict.objective / st['best_objective']:.2f}x the best's "
+                f"T (> {cfg.search.archive_factor}x); kept for reactivation", [audit_id])
+    else:
+        _set_status(txn, child_id, ACTIVE)
+        _decide(txn, child_id, "continue", f"verified; {verdict.reason}; kept as a parent", [audit_id])
+
+    improved = verdict.promoted
+    st["kappa"] = 0 if improved else st["kappa"] + 1
+    streak[parent_id] = 0 if improved else streak.get(parent_id, 0) + 1
+    if not lm:
+        _sort_frontier(txn)
+        return
+    # A parent that keeps producing nothing better is set aside (it stays reactivatable).
+    if parent_id != st["best"] and parent_id in st["frontier"] and streak[parent_id] >= cfg.search.parent_patience:
+        _set_status(txn, parent_id, ARCHIVED)
+        _decide(txn, parent_id, "archive", f"{streak[parent_id]} offspring in a row did not improve the best",
+                [audit_id])
+    _sort_frontier(txn)
+    while len(st["frontier"]) > cfg.search.frontier_size:
+        worst = st["frontier"][-1]
+        _set_status(txn, worst, ARCHIVED)
+        _decide(txn, worst, "archive", f"frontier full ({cfg.search.frontier_size}); slowest verified", [audit_id])
+    # Revisit a set-aside alternative when the search stalls: verified intermediates can enable later gains.
+    if branch and st["kappa"] and st["kappa"] % cfg.search.reactivate_every == 0 and st["archive"]:
+        objs = {i: txn.get(i).objective or float("inf") for i in st["archive"]}
+        pick = min(st["archive"], key=lambda i: objs[i])
+        streak[pick] = 0
+        _set_status(txn, pick, ACTIVE)
+        _decide(txn, pick, "reactivate", f"κ={st['kappa']} without improvement; best archived alternative "
+                f"(T {objs[pick]:.6g}) returns to the frontier", [audit_id])
+        _sort_frontier(txn)
+        while len(st["frontier"]) > cfg.search.frontier_size:
+            worst = st["frontier"][-1] if st["frontier"][-1] != pick else st["frontier"][-2]
+            _set_status(txn, worst, ARCHIVED)
+            _decide(txn, worst, "archive", "frontier full after a reactivation", [audit_id])

@@ -1,0 +1,174 @@
+"""Read-only views of a run: status, show, lineage, export. Each reads one store snapshot."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import statistics
+from typing import Any, Iterator
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from tik_evo.records import to_dict
+from tik_evo.store import Store
+from tik_evo.timing import LABELS, WALL_INTERPRETER
+
+STATUS_STYLE = {"best": "bold green", "active": "green", "archived": "yellow", "failed": "red",
+                "abandoned": "red", "pending": "dim"}
+
+
+def fmt_time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.2f} µs"
+
+
+def timer_note(timer: str) -> str:
+    return " + ".join(LABELS.get(t, t) for t in timer.split("+") if t)
+
+
+def speedups(snap: dict[str, Any], impl_id: str) -> dict[str, float]:
+    """Per-workload speed-up of an implementation over the root (root time / its time)."""
+    audits = {a.impl: a for a in snap["U"]}
+    a = audits.get(impl_id)
+    root = snap["state"]["root_latencies"]
+    if not a or not a.measurements:
+        return {}
+    return {n: root[n] / m["median_s"] for n, m in a.measurements.items() if n in root and m["median_s"] > 0}
+
+
+def status(store: Store) -> Group:
+    snap = store.snapshot()
+    st = snap["state"]
+    impls = {i.id: i for i in snap["I"]}
+    audits = {a.impl: a for a in snap["U"]}
+    timer = audits[st["root"]].timer if st.get("root") in audits else ""
+    head = Table.grid(padding=(0, 2))
+    head.add_row("run", str(store.run_dir))
+    head.add_row("family / device", f"{st.get('family')} / {st.get('device')} "
+                 f"({(st.get('device_facts') or {}).get('actual_gpu') or 'no GPU'})")
+    head.add_row("timings", timer_note(timer) + (" — interpreter timings say nothing about GPU speed"
+                                                   if WALL_INTERPRETER in timer else ""))
+    best = st.get("best")
+    if best:
+        head.add_row("best", f"{best}  T={st['best_objective']:.6g}  root T={st['root_objective']:.6g}  "
+                     f"speed-up {st['root_objective'] / st['best_objective']:.3f}x")
+    head.add_row("κ", str(st["kappa"]))
+    head.add_row("evaluations", f"{st['evaluations']} audited, {st['duplicates']} repeats/no-change")
+    fails = ", ".join(f"{k}: {v}" for k, v in sorted(st["failures_by_kind"].items())) or "none"
+    head.add_row("failures by kind", fails)
+    b = st["budgets"]
+    head.add_row("budget used", f"wall {b['wall_s']:.0f} s, tokens {b['tokens']}, USD {b['usd']:.4f}")
+    over = st.get("engine_overhead_s") or []
+    if over:
+        head.add_row("engine overhead", f"{statistics.mean(over) * 1e3:.1f} ms/step mean (store + scheduler)")
+    head.add_row("frontier / archive", f"{', '.join(st['frontier'])} / {', '.join(st['archive']) or '-'}")
+    head.add_row("finished", (st["finished"] or {}).get("reason", "no (running or interrupted)"))
+    parts: list[Any] = [head]
+    if best and best in impls:
+        sp = speedups(snap, best)
+        t = Table(title=f"best {best} vs root, per workload ({timer_note(timer)})")
+        for col in ("workload", "root", "best", "speed-up", "limit"):
+            t.add_column(col, justify="right" if col != "workload" else "left")
+        a = audits[best]
+        for n, s in sp.items():
+            t.add_row(n, fmt_time(st["root_latencies"][n]), fmt_time(a.measurements[n]["median_s"]),
+                      f"{s:.3f}x", f"{st['limits'][n]['limit']:.2f}x")
+        parts.append(t)
+    return Group(*parts)
+
+
+def show(store: Store, impl_id: str) -> Group:
+    impl = store.get(impl_id)
+    st = store.state()
+    parts: list[Any] = []
+    head = Table.grid(padding=(0, 2))
+    head.add_row("implementation", f"{impl.id} [{impl.status}] scope {impl.scope}, parents {impl.parents or '-'}")
+    head.add_row("objective", f"{impl.objective:.6g}" if impl.objective is not None else "-")
+    if impl.action:
+        a = store.get(impl.action)
+        head.add_row("action", f"{a.id} by {a.operator} on opportunity {a.opportunity}: {a.rationale}")
+        if a.tokens:
+            head.add_row("tokens", f"{a.tokens} (${a.cost_usd:.4f})")
+    parts.append(head)
+    src = store.source(impl.source_hash)
+    if impl.parents:
+        parent = store.get(impl.parents[0])
+        diff = difflib.unified_diff(store.source(parent.source_hash).splitlines(), src.splitlines(),
+                                    f"{parent.id}", f"{impl.id}", lineterm="")
+        parts.append(Text("\n".join(diff) or "(identical source)", style="cyan"))
+    else:
+        parts.append(Text(src))
+    if impl.audit:
+        audit = store.get(impl.audit)
+        checks = Table(title=f"audit {audit.id}: {'passed' if audit.passed else 'FAILED ' + str(audit.failure_kind)}")
+        for col in ("stage", "check", "ok", "details"):
+            checks.add_column(col)
+        for s in audit.stages:
+            checks.add_row(s["name"], "", "✓" if s["passed"] else "✗", (s.get("error") or "")[:300])
+            for c in s.get("checks", []):
+                checks.add_row("", c["name"], "✓" if c["passed"] else "✗", json.dumps(c["details"])[:160])
+        parts.append(checks)
+        if audit.measurements:
+            m = Table(title=f"measurements ({timer_note(audit.timer)})")
+            for col in ("workload", "time", "spread", "vs root", "limit", "best (same audit)"):
+                m.add_column(col)
+            for n, x in audit.measurements.items():
+                root = st["root_latencies"].get(n)
+                retimed = audit.best_retimed.get(n, {}).get("median_s")
+                m.add_row(n, fmt_time(x["median_s"]), f"{x.get('spread', 0):.1%}",
+                          f"{x['median_s'] / root:.3f}x" if root else "-",
+                          f"{st['limits'].get(n, {}).get('limit', 0):.2f}x", fmt_time(retimed))
+            parts.append(m)
+    return Group(*parts)
+
+
+def lineage_tree(store: Store) -> Tree:
+    snap = store.snapshot()
+    impls = {i.id: i for i in snap["I"]}
+    children: dict[str, list[str]] = {}
+    for i in snap["I"]:
+        if i.parents:
+            children.setdefault(i.parents[0], []).append(i.id)
+    root = snap["state"].get("root") or (snap["I"][0].id if snap["I"] else None)
+    if root is None:
+        return Tree("(empty run)")
+    actions = {a.id: a for a in snap["A"]}
+
+    def label(iid: str) -> Text:
+        i = impls[iid]
+        a = actions.get(i.action) if i.action else None
+        obj = f" T={i.objective:.4g}" if i.objective is not None else ""
+        what = f" {a.operator}/{i.scope}: {a.rationale[:70]}" if a else " root"
+        return Text(f"{iid} [{i.status}]{obj}{what}", style=STATUS_STYLE.get(i.status, ""))
+
+    tree = Tree(label(root))
+    stack = [(root, tree)]
+    while stack:
+        iid, node = stack.pop()
+        for c in children.get(iid, []):
+            stack.append((c, node.add(label(c))))
+    return tree
+
+
+def export(store: Store) -> Iterator[str]:
+    snap = store.snapshot()
+    yield json.dumps({"type": "state", **snap["state"]})
+    for kind, name in (("I", "implementation"), ("O", "opportunity"), ("A", "action"), ("U", "audit"),
+                       ("D", "decision")):
+        for r in snap[kind]:
+            d = to_dict(r)
+            if kind == "I":
+                d["source"] = store.source(r.source_hash)
+            yield json.dumps({"type": name, **d})
+    for e in store.events():
+        yield json.dumps({"type": "event", **e})
+
+

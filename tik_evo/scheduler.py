@@ -1,0 +1,98 @@
+"""The scheduler: Optuna ask/tell over a static space of (operator, opportunity kind, parent rank) plus the
+operators' own conditional parameters. The study lives in the run directory (a journal file), so a resumed
+run continues it; a trial's value is its offspring's relative improvement over the best, failures are
+told as failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+import optuna
+from omegaconf import DictConfig
+
+from tik_evo.records import Opportunity
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=6)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=8)
+    if name == "bruteforce":
+        return optuna.samplers.BruteForceSampler(seed=seed)
+    raise ValueError(f"unknown sampler {name!r}")
+
+
+class Scheduler:
+    def __init__(self, cfg: DictConfig, run_dir: Path, kinds: dict[str, list[str]]):
+        """``kinds`` maps each operator to the opportunity kinds it can act on (fixed for the run)."""
+        self.cfg = cfg
+        self.kinds = kinds
+        storage = optuna.storages.JournalStorage(
+            optuna.storages.journal.JournalFileBackend(str(run_dir / "study.journal")))
+        self.study = optuna.create_study(study_name="search", storage=storage, direction="maximize",
+                                         sampler=make_sampler(cfg.search.sampler, cfg.search.seed),
+                                         load_if_exists=True)
+
+    def ask(self) -> optuna.Trial:
+        return self.study.ask()
+
+    def choose(self, trial: optuna.Trial, frontier: list[str], pending: list[Opportunity],
+               best: str) -> tuple[str, Opportunity | None, str]:
+        operators = [op for op in self.kinds if any(self._matches(o, k) for o in pending for k in self.kinds[op])]
+        if not operators:
+            raise LookupError("no pending opportunity any enabled operator can act on")
+        op = trial.suggest_categorical("operator", list(self.kinds))
+        if op not in operators:  # the static space still offers it; fall back deterministically
+            op = operators[0]
+        kind = trial.suggest_categorical(f"opportunity.{op}", self.kinds[op])
+        candidates = [o for o in pending if self._matches(o, kind)] or \
+            [o for o in pending if any(self._matches(o, k) for k in self.kinds[op])]
+        # Oldest first, so opportunities proposed later (follow-ups) wait their turn rather than starve.
+        opportunity = sorted(candidates, key=lambda o: (o.uses, int(o.id[1:])))[0]
+        rank = trial.suggest_int("parent_rank", 0, max(0, self.cfg.search.frontier_size - 1))
+        if not self.cfg.ablation.lineage_management or not frontier:
+            parent = best
+        else:
+            parent = frontier[rank % len(frontier)]
+        return op, opportunity, parent
+
+    @staticmethod
+    def _matches(opportunity: Opportunity, kind: str) -> bool:
+        if kind == "follow-up":
+            return opportunity.origin != "family"
+        return opportunity.origin == "family" and opportunity.kind == kind
+
+    def tell(self, trial_number: int, value: float | None, note: str = "") -> None:
+        try:
+            if value is None:
+                self.study.tell(trial_number, state=optuna.trial.TrialState.FAIL)
+            else:
+                self.study.tell(trial_number, value)
+        except (ValueError, RuntimeError):
+            pass  # already told (a resumed run re-telling a finished trial)
+        if note:
+            try:
+                self.study._storage.set_trial_user_attr(self.study.trials[trial_number]._trial_id, "note", note)
+            except Exception:
+                pass
+
+    def recover(self, outcome_of: dict[int, float | None]) -> int:
+        """After a kill: tell every still-running trial what the IR recorded for it (failed if nothing)."""
+        n = 0
+        for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            self.tell(t.number, outcome_of.get(t.number), note="" if t.number in outcome_of else "interrupted")
+            n += 1
+        return n
+
+
+def trial_value(objective: float | None, best_objective: float | None) -> float | None:
+    """Relative improvement over the best (positive is better); None for failures."""
+    if objective is None or not best_objective:
+        return None
+    return (best_objective - objective) / best_objective
+

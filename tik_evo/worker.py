@@ -1,0 +1,137 @@
+"""The audit worker: runs in its own process (and process group) on one device, stage by stage.
+
+It writes its result file after every stage, so a candidate that segfaults or hangs still leaves the
+evidence of the stages it passed. The parent (:mod:`tik_evo.audit`) enforces the timeout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+
+def _load(path: str, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Result:
+    def __init__(self, path: Path):
+        self.path = path
+        self.data: dict[str, Any] = {"stages": [], "measurements": {}, "best_retimed": {}, "done": False}
+
+    def flush(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data))
+        tmp.replace(self.path)
+
+    def stage(self, name: str, passed: bool, t0: float, checks: list | None = None, error: str = "",
+              kind: str = "") -> bool:
+        self.data["stages"].append({"name": name, "passed": passed, "seconds": time.time() - t0,
+                                    "checks": [c.to_dict() for c in (checks or [])], "error": error,
+                                    "failure_kind": kind})
+        self.flush()
+        return passed
+
+
+def _failed_kind(checks: list) -> str:
+    for c in checks:
+        if not c.passed:
+            return c.kind
+    return ""
+
+
+def _device_info(device: str) -> dict[str, Any]:
+    import torch
+    import triton
+
+    info = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["capability"] = list(torch.cuda.get_device_capability(0))
+    else:
+        info["gpu"] = "none (Triton interpreter on CPU)"
+    return info
+
+
+def run(job: dict[str, Any]) -> None:
+    res = Result(Path(job["result_path"]))
+    device = job["device"]
+    if device == "cpu":
+        from tik_evo import interp
+
+        interp.install()
+    from tik_evo import timing
+    from tik_evo.families import load_family
+
+    res.data["device"] = _device_info(device)
+    family = load_family(job["family"])
+
+    t0 = time.time()
+    try:
+        impl = _load(job["source_path"], "tik_candidate")
+        best = _load(job["best_path"], "tik_best") if job.get("best_path") else None
+    except Exception:
+        res.stage("import", False, t0, error=traceback.format_exc(limit=5), kind="import")
+        return
+    res.stage("import", True, t0)
+
+    seeds = job["seeds"]
+    for level, seed_list in (("small", seeds[:1]), ("full", seeds)):
+        t0 = time.time()
+        checks: list = []
+        try:
+            for case in family.check_cases(level):
+                for seed in seed_list:
+                    checks += family.run_checks(impl, case, seed, device)
+        except Exception as e:
+            kind = "compile" if "Compil" in type(e).__name__ else "exception"
+            res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=kind)
+            return
+        if not res.stage(level, all(c.passed for c in checks), t0, checks, kind=_failed_kind(checks)):
+            return
+
+    if not job.get("time", True):
+        res.data["done"] = True
+        res.flush()
+        return
+    t0 = time.time()
+    fresh: list = []
+    try:
+        for w in job["workloads"]:
+            bench = family.make_bench(impl, w, job["bench_seed"], device)
+            m = timing.measure(bench, device, job["evaluate"])
+            m.update(phase=w["phase"], bytes=bench.bytes_moved, flops=bench.flops)
+            res.data["measurements"][w["name"]] = m
+            fresh += [type(c)(f"{w['name']}: {c.name}", c.passed, "fresh", c.details) for c in bench.verify()]
+            if best is not None:
+                # Re-time the current best in the same process, right after, on the same inputs' seed.
+                bb = family.make_bench(best, w, job["bench_seed"], device)
+                res.data["best_retimed"][w["name"]] = timing.measure(bb, device, job["evaluate"])
+            res.flush()
+    except Exception as e:
+        kind = "compile" if "Compil" in type(e).__name__ else "exception"
+        res.stage("timing", False, t0, fresh, error=traceback.format_exc(limit=6), kind=kind)
+        return
+    if res.stage("timing", all(c.passed for c in fresh), t0, fresh, kind=_failed_kind(fresh)):
+        res.data["done"] = True
+        res.flush()
+
+
+def main() -> None:
+    job = json.loads(Path(sys.argv[1]).read_text())
+    run(job)
+
+
+if __name__ == "__main__":
+    main()
