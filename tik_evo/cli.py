@@ -127,7 +127,9 @@ def _run_with_tui(args, run_dir: Path) -> int:
     """The search runs in a child process; the TUI reads the store read-only from this one."""
     run_dir.mkdir(parents=True, exist_ok=True)
     log = open(run_dir / "run.log", "ab")
-    argv = [sys.executable, "-m", "tik_evo.cli", "run", args.campaign, *args.overrides, "--quiet"]
+    # The child must write where this process reads, even when store.path holds ${now:...}.
+    argv = [sys.executable, "-m", "tik_evo.cli", "run", args.campaign, *args.overrides, f"store.path={run_dir}",
+            "--quiet"]
     child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     while not (run_dir / "ir.lmdb" / "data.mdb").exists() and child.poll() is None:
         time.sleep(0.2)

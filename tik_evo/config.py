@@ -6,7 +6,9 @@ unknown keys, wrong types and missing files raise :class:`ConfigError` naming th
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
@@ -20,6 +22,12 @@ DEVICES = ("auto", "cuda", "interpreter")
 
 class ConfigError(ValueError):
     pass
+
+
+# `${now:%Y%m%d-%H%M%S}` in a campaign (e.g. store.path) gives each run its own directory.
+if not OmegaConf.has_resolver("now"):
+    OmegaConf.register_resolver("now", lambda fmt="%Y%m%d-%H%M%S": datetime.now().strftime(fmt), use_cache=True,
+                                annotation_validation="off")
 
 
 @dataclass
@@ -91,8 +99,14 @@ class AblationConfig:
 class LLMModel:
     model: str = MISSING  # any litellm model string: anthropic/..., openai/..., hosted_vllm/...
     weight: float = 1.0
-    api_base: Optional[str] = None
+    api_base: Optional[str] = None  # a local vLLM / Ollama / OpenAI-compatible server
     temperature: float = 0.7
+    # Keys come from the environment only: litellm reads the provider's usual variable (ANTHROPIC_API_KEY,
+    # OPENAI_API_KEY, ...); api_key_env names another variable (e.g. for one of several local servers).
+    api_key_env: Optional[str] = None
+    # Prices for models litellm has no price for (local servers default to 0), USD per million tokens.
+    input_usd_per_mtok: Optional[float] = None
+    output_usd_per_mtok: Optional[float] = None
 
 
 @dataclass
@@ -105,6 +119,10 @@ class LLMConfig:
     max_usd: float = 0.0  # run budget in USD (0: unlimited)
     max_output_tokens: int = 8192
     answer: str = "edits"  # edits | file
+    backoff_s: float = 2.0  # first wait after a 429 / 5xx; doubles per retry, never past total_timeout_s
+    repair: bool = True  # one bounded retry when the answer does not compile or fails the static scan
+    merge: bool = True  # let the scheduler pick merge actions (best + a merge-later implementation)
+    lineage_entries: int = 24  # most recent tried actions shown in the prompt
 
 
 @dataclass
@@ -124,6 +142,36 @@ class Campaign:
     source_file: str = ""  # filled in by load_campaign: where the campaign came from
 
 
+# Keys that look like credentials; a campaign file is copied into every run directory, so none may hold one.
+_SECRET_KEY = re.compile(r"(^|[_-])(api[_-]?key|apikey|secret|password|passwd|access[_-]?token|auth[_-]?token|"
+                         r"bearer)$", re.IGNORECASE)
+
+
+def _find_secret(node: Any, where: str = "") -> str | None:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            key = f"{where}.{k}" if where else str(k)
+            if _SECRET_KEY.search(str(k)):
+                return key
+            found = _find_secret(v, key)
+            if found:
+                return found
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            found = _find_secret(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def _reject_secrets(node: Any, where: str) -> None:
+    key = _find_secret(node)
+    if key:
+        raise ConfigError(f"{where}: key {key!r}: credentials must not be written in a campaign (it is copied "
+                          f"into the run directory); export the key in the environment instead (litellm reads "
+                          f"ANTHROPIC_API_KEY, OPENAI_API_KEY, ...) or name a variable with llm.models[i].api_key_env")
+
+
 def _explain(e: OmegaConfBaseException, where: str) -> ConfigError:
     key = getattr(e, "full_key", None) or "?"
     msg = str(e).split("\n")[0]
@@ -139,6 +187,7 @@ def load_campaign(path: str | Path, overrides: list[str] | None = None) -> DictC
         file_cfg = OmegaConf.load(path)
     except Exception as e:  # yaml errors come in several types
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    _reject_secrets(OmegaConf.to_container(file_cfg), str(path))
     try:
         cfg = OmegaConf.merge(schema, file_cfg)
     except OmegaConfBaseException as e:
@@ -147,6 +196,7 @@ def load_campaign(path: str | Path, overrides: list[str] | None = None) -> DictC
         bad = [o for o in overrides if "=" not in o]
         if bad:
             raise ConfigError(f"command line: override {bad[0]!r} is not of the form key=value")
+        _reject_secrets(OmegaConf.to_container(OmegaConf.from_dotlist(overrides)), "command-line override")
         try:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
         except OmegaConfBaseException as e:
@@ -180,6 +230,13 @@ def _validate(cfg: DictConfig, path: Path) -> None:
         raise ConfigError(f"{path}: key 'search.operators': at least one operator is needed")
     if "llm" in cfg.search.operators and not cfg.llm.models:
         raise ConfigError(f"{path}: key 'llm.models': the llm operator needs at least one model")
+    for i, m in enumerate(cfg.llm.models):
+        if m.weight <= 0:
+            raise ConfigError(f"{path}: key 'llm.models[{i}].weight': must be positive")
+    _choice(cfg.llm.answer, ("edits", "file"), "llm.answer", path)
+    for key in ("llm.timeout_s", "llm.total_timeout_s"):
+        if OmegaConf.select(cfg, key) <= 0:
+            raise ConfigError(f"{path}: key {key!r}: must be positive")
     if not cfg.correctness.seeds:
         raise ConfigError(f"{path}: key 'correctness.seeds': at least one seed is needed")
     for key in ("search.max_evaluations", "search.kappa_threshold", "search.frontier_size"):

@@ -96,6 +96,20 @@ def _sort_frontier(txn: Txn) -> None:
     txn.state["frontier"].sort(key=lambda i: objs[i])
 
 
+def _merge_later(txn: Txn, child_id: str, parent_id: str, verdict: Verdict, audit_id: str) -> None:
+    """A verified offspring that is not the best but beats its parent on some workloads holds a change worth
+    combining with the best later (an LLM merge action picks these up)."""
+    parent = txn.get(parent_id)
+    audit = txn.get(parent.audit) if parent and parent.audit else None
+    if audit is None:
+        return
+    better = [n for n, x in verdict.limits.items() if n in audit.measurements
+              and x["t_s"] < audit.measurements[n]["median_s"] * (1 - verdict.margin)]
+    if better:
+        _decide(txn, child_id, "merge-later", f"faster than its parent {parent_id} on {', '.join(better[:4])}",
+                [audit_id, parent.audit])
+
+
 def apply(txn: Txn, child_id: str, parent_id: str, verdict: Verdict, audit_id: str, cfg: DictConfig,
           failed: bool, failure: str) -> None:
     """Record the lineage decisions for one audited offspring and update the frontier, archive and κ."""
@@ -111,6 +125,10 @@ def apply(txn: Txn, child_id: str, parent_id: str, verdict: Verdict, audit_id: s
         _set_status(txn, child_id, BEST)
         st["best"], st["best_objective"] = child_id, verdict.objective
         _decide(txn, child_id, "promote", verdict.reason, [audit_id])
+    elif not verdict.admissible:
+        # Correct but over a slowdown limit: not a parent now, yet a later change may fix the slow workload.
+        _set_status(txn, child_id, ARCHIVED)
+        _decide(txn, child_id, "archive", f"verified but inadmissible: {verdict.reason}", [audit_id])
     elif not branch:
         _set_status(txn, child_id, ARCHIVED)
         _decide(txn, child_id, "archive", f"branch exploration disabled; {verdict.reason}", [audit_id])
@@ -122,6 +140,8 @@ def apply(txn: Txn, child_id: str, parent_id: str, verdict: Verdict, audit_id: s
         _set_status(txn, child_id, ACTIVE)
         _decide(txn, child_id, "continue", f"verified; {verdict.reason}; kept as a parent", [audit_id])
 
+    if lm and not failed and not verdict.promoted:
+        _merge_later(txn, child_id, parent_id, verdict, audit_id)
     improved = verdict.promoted
     st["kappa"] = 0 if improved else st["kappa"] + 1
     streak[parent_id] = 0 if improved else streak.get(parent_id, 0) + 1

@@ -105,6 +105,7 @@ class Search:
         t_audit = outcome.seconds if outcome else 0.0
         t1 = time.time()
         with self.store.transaction() as txn:
+            txn.state["step"] += 1
             value = self._record(txn, choice, proposal, h, existing, outcome, t0)
             txn.state["budgets"]["wall_s"] += time.time() - t0
             over = txn.state["engine_overhead_s"]
@@ -148,9 +149,9 @@ class Search:
                       verdict.best_objective, verdict.margin, outcome.passed, verdict.admissible, verdict.promoted,
                       outcome.failure_kind, outcome.failure, verdict.limits, _timer(outcome), outcome.device,
                       outcome.seconds)
-        if outcome.passed and not verdict.admissible:
-            audit.failure_kind, audit.failure = "limit", verdict.reason
         failed = audit.failure_kind is not None
+        if outcome.passed and not verdict.admissible:
+            st["failures_by_kind"]["over-limit"] = st["failures_by_kind"].get("over-limit", 0) + 1
         impl = Implementation(iid, h or "", [choice.parent, *proposal.parents], proposal.scope, "pending", aid, uid,
                               _knobs(proposal.source), verdict.objective, time.time())
         action.offspring, action.outcome = iid, "audited"
@@ -163,6 +164,10 @@ class Search:
         lineage.apply(txn, iid, choice.parent, verdict, uid, self.cfg, failed, audit.failure or verdict.reason)
         self._use_opportunity(txn, choice.opportunity, proposal, uid)
         value = None if failed else trial_value(verdict.objective, verdict.best_objective)
+        if value is not None and not verdict.admissible:
+            # Tell the sampler an over-limit offspring is worse than no change, by how far it overshot.
+            excess = max(x["ratio_vs_root"] / x["limit"] - 1 for x in verdict.limits.values())
+            value = min(value, 0.0) - excess
         action.params["_trial_value"] = value
         txn.put(action)
         st["history"].append({"evaluation": st["evaluations"], "impl": iid, "objective": verdict.objective,

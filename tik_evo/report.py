@@ -66,6 +66,9 @@ def status(store: Store) -> Group:
     head.add_row("failures by kind", fails)
     b = st["budgets"]
     head.add_row("budget used", f"wall {b['wall_s']:.0f} s, tokens {b['tokens']}, USD {b['usd']:.4f}")
+    for op, (n, calls, p, c, usd) in operator_accounting(snap["A"]).items():
+        head.add_row(f"  operator {op}", f"{n} actions, {calls} LLM calls, tokens {p} prompt + {c} completion, "
+                     f"USD {usd:.4f}")
     over = st.get("engine_overhead_s") or []
     if over:
         head.add_row("engine overhead", f"{statistics.mean(over) * 1e3:.1f} ms/step mean (store + scheduler)")
@@ -83,6 +86,19 @@ def status(store: Store) -> Group:
                       f"{s:.3f}x", f"{st['limits'][n]['limit']:.2f}x")
         parts.append(t)
     return Group(*parts)
+
+
+def operator_accounting(actions: list[Any]) -> dict[str, tuple[int, int, int, int, float]]:
+    """Per operator: actions, LLM calls (repair attempts count), prompt tokens, completion tokens, USD."""
+    out: dict[str, list] = {}
+    for a in actions:
+        row = out.setdefault(a.operator, [0, 0, 0, 0, 0.0])
+        row[0] += 1
+        row[1] += len(a.params.get("llm.attempts", []))
+        row[2] += a.tokens.get("prompt", 0)
+        row[3] += a.tokens.get("completion", 0)
+        row[4] += a.cost_usd
+    return {k: tuple(v) for k, v in sorted(out.items())}  # type: ignore[misc]
 
 
 def show(store: Store, impl_id: str) -> Group:

@@ -1,0 +1,93 @@
+"""Audit in a subprocess: bad candidates become failed audits with evidence, never a dead run."""
+
+import time
+
+import pytest
+
+from tik_evo.audit import AuditJob, run_audit
+from tik_evo.families import load_family
+from tik_evo.knobs import read_knobs, write_knobs
+from tik_evo.store import source_hash
+
+FAMILY = load_family("rmsnorm")
+ROOT_SRC = FAMILY.root_source()
+WORKLOADS = [{"name": "full", "phase": "full", "tokens": 4, "hidden": 256},
+             {"name": "decode", "phase": "decode", "batch": 2, "hidden": 256}]
+
+
+def audit(tmp_path, src, timeout=120, time_it=False):
+    job = AuditJob(FAMILY, src, source_hash(src), "I1", WORKLOADS, [0], {"timeout_s": timeout,
+                   "interpreter_reps": 1}, "cpu", time=time_it)
+    return run_audit(tmp_path, job)
+
+
+def with_body(extra: str) -> str:
+    # Inject code at the start of the decode entry point.
+    return ROOT_SRC.replace('    """One token per sequence: x [batch, hidden]; same per-row numerics as rmsnorm_full."""\n',
+                            '    """One token per sequence."""\n' + extra)
+
+
+def test_root_passes_and_is_timed(tmp_path):
+    out = audit(tmp_path, ROOT_SRC, time_it=True)
+    assert out.passed, out.failure
+    assert [s["name"] for s in out.stages] == ["static", "import", "small", "full", "timing"]
+    assert set(out.measurements) == {"full", "decode"}
+    assert all(m["timer"] == "wall-interpreter" for m in out.measurements.values())
+    assert out.device["gpu"].startswith("none")
+
+
+def test_hanging_candidate_killed_within_timeout(tmp_path):
+    src = with_body("    while True:\n        pass\n")
+    t0 = time.time()
+    out = audit(tmp_path, src, timeout=25)
+    assert time.time() - t0 < 45
+    assert out.failure_kind == "timeout" and not out.passed
+    assert "timeout_s" in out.failure
+
+
+def test_os_abort_is_a_crash_not_a_dead_run(tmp_path):
+    """A candidate that calls os.abort(): refused statically; with the scan bypassed, the worker dies of
+    SIGABRT and the audit records a crash with the log tail."""
+    src = ROOT_SRC.replace("import torch\n", "import os\nimport torch\n", 1) + "\nos.abort()\n"
+    out = audit(tmp_path, src)
+    assert out.failure_kind == "static" and "import os" in out.failure
+    from tik_evo import staticscan
+
+    original = staticscan.scan
+    try:
+        staticscan.scan = lambda *a, **k: []
+        out = audit(tmp_path, src)
+    finally:
+        staticscan.scan = original
+    assert out.failure_kind == "crash" and "SIGABRT" in out.failure
+
+
+def test_raising_candidate(tmp_path):
+    out = audit(tmp_path, with_body("    raise RuntimeError('boom')\n"))
+    assert out.failure_kind == "exception" and "boom" in out.failure
+
+
+def test_mismatched_contract_caught(tmp_path):
+    """Decode with another reduction width than full: each path is accurate, the bits differ."""
+    knobs = read_knobs(ROOT_SRC)
+    # Few-row launches (decode) reduce in 64-wide chunks, the full path in 128-wide ones.
+    src = write_knobs(ROOT_SRC, {**knobs, "BLOCK_H": 128}).replace(
+        'BLOCK_H=KNOBS["BLOCK_H"]', 'BLOCK_H=KNOBS["BLOCK_H"] if x.shape[0] > 6 else 64')
+    out = audit(tmp_path, src)
+    assert out.failure_kind == "consistency", out.failure
+    failed = [c for s in out.stages for c in s["checks"] if not c["passed"]]
+    assert failed and all(c["kind"] == "consistency" for c in failed)
+    assert any("fp32" in c["name"] for c in failed)
+
+
+def test_static_scan_refuses_cheats(tmp_path):
+    for bad in ("import time\n", "import subprocess\n", "x = open('/etc/passwd')\n",
+                "s = torch.cuda.Stream()\n"):
+        out = audit(tmp_path, ROOT_SRC + "\n" + bad)
+        assert out.failure_kind == "static", bad
+
+
+@pytest.mark.parametrize("missing", ["rmsnorm_decode"])
+def test_missing_entry_point(tmp_path, missing):
+    out = audit(tmp_path, ROOT_SRC.replace(f"def {missing}(", "def renamed("))
+    assert out.failure_kind == "static" and missing in out.failure

@@ -1,0 +1,37 @@
+import pytest
+
+from tik_evo.knobs import KnobsError, read_knobs, write_knobs
+from tik_evo.operators.knob import scope_of
+
+SRC = '''import triton
+
+KNOBS = {"A": 1, "B": "x"}
+
+
+def f():
+    return KNOBS["A"]
+'''
+
+
+def test_roundtrip_changes_only_the_dict():
+    new = write_knobs(SRC, {"A": 2, "B": "x"})
+    assert read_knobs(new) == {"A": 2, "B": "x"}
+    old_lines = [line for line in SRC.splitlines() if "KNOBS =" not in line and '"A"' not in line]
+    for line in old_lines:
+        assert line in new.splitlines()
+    assert new.count("def f") == 1
+
+
+@pytest.mark.parametrize("src,msg", [("x = 1\n", "no module-level"), ("KNOBS = dict(a=1)\n", "dict literal"),
+                                     ("KNOBS = {'a': f()}\n", "literals only"), ("KNOBS = {\n", "does not parse")])
+def test_bad_knobs_named(src, msg):
+    with pytest.raises(KnobsError, match=msg):
+        read_knobs(src)
+
+
+def test_scope_follows_roles():
+    assert scope_of({"contract"}) == "joint"
+    assert scope_of({"contract", "decode"}) == "joint"
+    assert scope_of({"full"}) == "full"
+    assert scope_of({"decode"}) == "decode"
+    assert scope_of({"full", "decode"}) == "joint"

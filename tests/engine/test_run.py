@@ -1,0 +1,94 @@
+"""End to end on the CPU: the quickstart campaign, the read-only commands, and kill -9 then resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tik_evo.cli import main
+from tik_evo.store import Store
+
+from .helpers import ROOT, write_campaign
+
+pytestmark = pytest.mark.slow
+
+
+def _records(run_dir):
+    with Store.open_reader(run_dir) as s:
+        snap = s.snapshot()
+        # Status (implementations) and uses/evidence (opportunities) legitimately change; the rest never does.
+        mutable = {"status", "uses", "evidence"}
+        return snap["state"], {r.id: json.dumps({k: v for k, v in r.__dict__.items() if k not in mutable},
+                                                sort_keys=True) for k in "IOAUD" for r in snap[k]}
+
+
+def test_quickstart_end_to_end(tmp_path, capsys):
+    run = tmp_path / "qs"
+    rc = main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={run}",
+               "search.max_evaluations=3", "--quiet"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert str(run) in printed and "speed-up" in printed and "interpreter" in printed
+    state, records = _records(run)
+    assert state["finished"] and state["evaluations"] >= 1
+    assert state["root"] == "I0" and state["best"] in state["frontier"]
+    with Store.open_reader(run) as s:
+        impls, audits = s.all("I"), s.all("U")
+        assert len(impls) == len(audits) == state["evaluations"] + 1
+        assert all(i.status in ("best", "active", "archived", "failed") for i in impls)
+        assert len(s.all("D")) >= state["evaluations"]  # every audited offspring has a lineage decision
+    assert (run / "config.yaml").read_text().startswith("name: quickstart")
+    for cmd in (["status", str(run)], ["lineage", str(run)], ["show", str(run), "I1"],
+                ["export", str(run), "-o", str(tmp_path / "x.jsonl")]):
+        assert main(cmd) == 0, cmd
+    lines = [json.loads(x) for x in (tmp_path / "x.jsonl").read_text().splitlines()]
+    types = {x["type"] for x in lines}
+    assert {"state", "implementation", "audit", "action", "opportunity", "decision", "event"} <= types
+    assert sum(x["type"] == "implementation" for x in lines) == len(impls)
+    # A second run on the same store path is refused and loses nothing.
+    assert main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={run}", "--quiet"]) == 2
+    assert _records(run)[1] == records
+
+
+def test_gpu_campaign_without_gpu_is_refused_clearly(tmp_path, capsys):
+    campaign = write_campaign(tmp_path, gpu={"name": "H200", "policy": "warn"})
+    assert main(["run", str(campaign), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "gpu.policy" in err and "H200" in err and not (tmp_path / "run" / "ir.lmdb").exists()
+
+
+def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
+    campaign = write_campaign(tmp_path, search={"max_evaluations": 40, "kappa_threshold": 40, "wall_time_s": 900})
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tik_evo.cli", "run", str(campaign), "--quiet"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    state = {}
+    while time.time() < deadline:
+        time.sleep(1)
+        if (run / "ir.lmdb" / "data.mdb").exists():
+            state, _ = _records(run)
+            if state.get("evaluations", 0) >= 1:
+                break
+    assert state.get("evaluations", 0) >= 1, "run made no progress"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before_state, before = _records(run)
+    assert before_state["finished"] is None
+    target = before_state["evaluations"] + 2
+    r = subprocess.run([sys.executable, "-m", "tik_evo.cli", "resume", str(run), f"search.max_evaluations={target}",
+                        "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0, r.stderr[-2000:]
+    after_state, after = _records(run)
+    for rid, data in before.items():
+        assert after[rid] == data, rid
+    assert after_state["evaluations"] == target and after_state["finished"]
+    with Store.open_reader(run) as s:
+        impls = s.all("I")
+        assert len({i.id for i in impls}) == len(impls) == target + 1
+        assert len({i.source_hash for i in impls}) == len(impls)  # no source audited twice
+        assert len(s.all("U")) == len(impls)

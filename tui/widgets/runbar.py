@@ -1,0 +1,30 @@
+"""The one-line run summary above the tabs: what a glance at a live run needs."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tui.model import RunView, fmt_x
+
+
+class RunBar(Static):
+    def show(self, view: RunView) -> None:
+        st = view.state
+        t = Text(no_wrap=True, overflow="ellipsis")
+        finished = st.get("finished")
+        t.append(" FINISHED " if finished else " RUNNING ", style="bold black on green" if finished else
+                 "bold black on yellow")
+        t.append(" ")
+        if st.get("step"):  # engines that do not count steps leave it at 0: say nothing rather than "step 0"
+            t.append(f"step {st['step']}  ")
+        t.append(f"evals {st.get('evaluations', 0)}")
+        best = st.get("best")
+        if best:
+            t.append("  best ")
+            t.append(f"{best} {fmt_x(view.speedup(best))}", style="bold green")
+        thr = view.config.kappa_threshold
+        t.append(f"  κ {st.get('kappa', 0)}/{thr if thr is not None else '?'}")
+        if view.any_interp:
+            t.append("  INTERPRETER TIMINGS", style="bold red")
+        self.update(t)
