@@ -7,17 +7,17 @@ so a candidate that hangs, aborts or segfaults becomes a failed audit with its e
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tik_evo import staticscan
+from tik_evo.executor import EXECUTORS
 from tik_evo.family import Family
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +61,29 @@ def source_file(run_dir: Path, source_hash: str, text: str) -> Path:
     return path
 
 
+_executors: dict[tuple, object] = {}
+
+
+def executor_for(job: AuditJob, env: dict[str, str]):
+    """One executor per (kind, device) for the life of the process: the fork server is reused across audits."""
+    kind = job.evaluate.get("executor", "auto")
+    if kind == "auto":
+        # Forking a process that imported torch is safe before CUDA initialises, but it is only measured
+        # under the interpreter so far; GPU runs spawn a fresh interpreter per audit.
+        kind = "forkserver" if job.device == "cpu" else "spawn"
+    key = (kind, job.device, env.get("CUDA_VISIBLE_DEVICES"))
+    if key not in _executors:
+        _executors[key] = EXECUTORS[kind](env)
+    return _executors[key]
+
+
+@atexit.register
+def close_executors() -> None:
+    for ex in _executors.values():
+        ex.close()
+    _executors.clear()
+
+
 def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
     t_start = time.time()
     out = AuditOutcome()
@@ -101,16 +124,7 @@ def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
         env.pop("TRITON_INTERPRET", None)
         env["CUDA_VISIBLE_DEVICES"] = str(job.gpu_index)
     timeout = float(job.evaluate.get("timeout_s", 300))
-    with open(work / "worker.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "tik_evo.worker", str(work / "job.json")], env=env,
-                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, cwd=str(work))
-        try:
-            rc = proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            rc, timed_out = proc.wait(), True
+    rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", timeout)
 
     data = _read_result(result_path)
     out.stages += data.get("stages", [])
@@ -140,13 +154,6 @@ def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
         out.stages.append({"name": "outcome", "passed": False, "seconds": 0.0, "checks": [],
                            "error": out.failure, "failure_kind": out.failure_kind})
     return out
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _read_result(path: Path) -> dict[str, Any]:

@@ -80,6 +80,7 @@ class EvaluateConfig:
     interpreter_reps: int = 3
     retime_best: bool = True  # time the current best in the same audit, on the same device
     gpu_index: int = 0
+    executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks)
 
 
 @dataclass
@@ -224,12 +225,19 @@ def _validate(cfg: DictConfig, path: Path) -> None:
     _choice(cfg.search.sampler, SAMPLERS, "search.sampler", path)
     _choice(cfg.gpu.policy, GPU_POLICIES, "gpu.policy", path)
     _choice(cfg.device, DEVICES, "device", path)
+    _choice(cfg.evaluate.executor, ("auto", "spawn", "forkserver"), "evaluate.executor", path)
     for op in cfg.search.operators:
         _choice(op, tuple(OPERATORS), "search.operators", path)
     if not cfg.search.operators:
         raise ConfigError(f"{path}: key 'search.operators': at least one operator is needed")
     if "llm" in cfg.search.operators and not cfg.llm.models:
         raise ConfigError(f"{path}: key 'llm.models': the llm operator needs at least one model")
+    if "llm" in cfg.search.operators:
+        import importlib.util
+
+        if importlib.util.find_spec("litellm") is None:
+            raise ConfigError(f"{path}: key 'search.operators': the llm operator needs litellm; "
+                              f"pip install 'tik-evo[llm]'")
     for i, m in enumerate(cfg.llm.models):
         if m.weight <= 0:
             raise ConfigError(f"{path}: key 'llm.models[{i}].weight': must be positive")

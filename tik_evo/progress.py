@@ -30,6 +30,7 @@ class LiveProgress:
         best = st.get("best_objective")
         root = st.get("root_objective")
         sp = f"{root / best:.3f}x" if best and root else "-"
-        info = (f"best {st.get('best')} T={best:.4g} ({sp})  κ {st['kappa']}/{self.cfg.search.kappa_threshold}  "
+        clock = " interpreter wall clock" if st.get("device") == "cpu" else ""
+        info = (f"best {st.get('best')} T={best:.4g}{clock} ({sp})  κ {st['kappa']}/{self.cfg.search.kappa_threshold}  "
                 if best else "") + (event.get("text") or "")[:70]
         self.progress.update(self.task, completed=st["evaluations"], info=info)

@@ -15,9 +15,9 @@ WORKLOADS = [{"name": "full", "phase": "full", "tokens": 4, "hidden": 256},
              {"name": "decode", "phase": "decode", "batch": 2, "hidden": 256}]
 
 
-def audit(tmp_path, src, timeout=120, time_it=False):
+def audit(tmp_path, src, timeout=120, time_it=False, executor="auto"):
     job = AuditJob(FAMILY, src, source_hash(src), "I1", WORKLOADS, [0], {"timeout_s": timeout,
-                   "interpreter_reps": 1}, "cpu", time=time_it)
+                   "interpreter_reps": 1, "executor": executor}, "cpu", time=time_it)
     return run_audit(tmp_path, job)
 
 
@@ -36,16 +36,18 @@ def test_root_passes_and_is_timed(tmp_path):
     assert out.device["gpu"].startswith("none")
 
 
-def test_hanging_candidate_killed_within_timeout(tmp_path):
+@pytest.mark.parametrize("executor", ["spawn", "forkserver"])
+def test_hanging_candidate_killed_within_timeout(tmp_path, executor):
     src = with_body("    while True:\n        pass\n")
     t0 = time.time()
-    out = audit(tmp_path, src, timeout=25)
-    assert time.time() - t0 < 45
+    out = audit(tmp_path, src, timeout=12, executor=executor)
+    assert time.time() - t0 < 30
     assert out.failure_kind == "timeout" and not out.passed
     assert "timeout_s" in out.failure
 
 
-def test_os_abort_is_a_crash_not_a_dead_run(tmp_path):
+@pytest.mark.parametrize("executor", ["spawn", "forkserver"])
+def test_os_abort_is_a_crash_not_a_dead_run(tmp_path, executor):
     """A candidate that calls os.abort(): refused statically; with the scan bypassed, the worker dies of
     SIGABRT and the audit records a crash with the log tail."""
     src = ROOT_SRC.replace("import torch\n", "import os\nimport torch\n", 1) + "\nos.abort()\n"
@@ -56,10 +58,11 @@ def test_os_abort_is_a_crash_not_a_dead_run(tmp_path):
     original = staticscan.scan
     try:
         staticscan.scan = lambda *a, **k: []
-        out = audit(tmp_path, src)
+        out = audit(tmp_path, src, executor=executor)
     finally:
         staticscan.scan = original
     assert out.failure_kind == "crash" and "SIGABRT" in out.failure
+    assert audit(tmp_path, ROOT_SRC, executor=executor).passed  # the next audit is unaffected
 
 
 def test_raising_candidate(tmp_path):

@@ -105,7 +105,8 @@ class LLMClient:
                 if record["retries"] >= cfg.max_retries:
                     raise CallFailed(f"{record['retries'] + 1} attempts failed, last {record['errors'][-1]}",
                                      _done(record, t0)) from e
-                wait = min(cfg.backoff_s * 2 ** record["retries"], deadline - time.monotonic())
+                wait = max(cfg.backoff_s * 2 ** record["retries"], _retry_after(e))
+                wait = min(wait, deadline - time.monotonic())
                 if wait < 0:
                     continue  # the loop head reports the spent total
                 record["retries"] += 1
@@ -124,8 +125,17 @@ class LLMClient:
                     + record["completion_tokens"] * (model.output_usd_per_mtok or 0.0)) / 1e6
         try:
             return float(self.litellm.completion_cost(completion_response=resp) or 0.0)
-        except Exception:  # a local or unpriced model: litellm has no price for it, so it costs nothing here
+        except Exception:  # noqa: BLE001 - a local or unpriced model: litellm has no price for it, so it costs nothing here
             return 0.0
+
+
+def _retry_after(exc: BaseException) -> float:
+    """The server's Retry-After (seconds), when a 429/503 carries one; 0 otherwise."""
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    try:
+        return float(headers.get("retry-after", 0)) if headers is not None else 0.0
+    except (TypeError, ValueError):
+        return 0.0  # an HTTP date: rare; exponential backoff covers it
 
 
 def _done(record: dict[str, Any], t0: float) -> dict[str, Any]:

@@ -41,7 +41,8 @@ class LLMOperator(Operator):
         cfg = ctx.cfg.llm
         client = self.client(ctx.cfg)
         # Conditional parameters of the static space: sampled only when the scheduler chose this operator.
-        model = client.pick(ctx.trial.suggest_float("llm.model_u", 0.0, 1.0))
+        # A stepped float keeps the space enumerable for the bruteforce sampler.
+        model = client.pick(ctx.trial.suggest_float("llm.model_u", 0.0, 1.0, step=0.05))
         sampled = ctx.trial.suggest_categorical("llm.scope", list(SCOPES))
         scope = requested_scope(sampled, ctx.opportunity)
         kind = ctx.trial.suggest_categorical("llm.action", ["edit", "merge"]) if cfg.merge else "edit"
@@ -49,7 +50,7 @@ class LLMOperator(Operator):
         params: dict[str, Any] = {"llm.model": model.model, "llm.scope": scope, "llm.sampled_scope": sampled,
                                   "llm.action": "merge" if merge else "edit"}
         if kind == "merge" and merge is None:
-            params["llm.note"] = "merge sampled but no merge-later implementation besides the parent; edited"
+            params["llm.note"] = "merge sampled, but merges go into the best and none is pending for it; edited"
         messages = build_messages(ctx, scope, merge)
         attempts: list[dict[str, Any]] = []
         prop = Proposal(None, scope, params=params, parents=[merge.other.id] if merge else [])

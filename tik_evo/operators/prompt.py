@@ -85,9 +85,9 @@ def evidence_text(store: Any, impl: Implementation, state: dict[str, Any]) -> st
     limits = state.get("limits", {})
     checks = [c for s in audit.stages for c in s.get("checks", [])]
     failed = [c for c in checks if not c["passed"]]
-    lines = [f"audit {audit.id}: {'passed' if audit.passed else 'FAILED ' + str(audit.failure_kind)}; "
-             f"{len(checks) - len(failed)} of {len(checks)} checks passed "
-             f"(stages: {', '.join(s['name'] for s in audit.stages)})"]
+    verdict = "passed" if audit.passed else f"FAILED {audit.failure_kind}"
+    stages = ", ".join(s["name"] for s in audit.stages)
+    lines = [f"audit {audit.id}: {verdict}; {len(checks) - len(failed)} of {len(checks)} checks passed ({stages})"]
     lines += [f"failed check {c['name']}: {str(c['details'])[:200]}" for c in failed[:5]]
     lines.append("per workload: latency, ratio to the root, slowdown limit (t <= limit x root)")
     for name, m in audit.measurements.items():

@@ -1,0 +1,53 @@
+"""Fork server for audits (see :mod:`tik_evo.executor`): imports torch and Triton once, forks per job."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+import torch  # noqa: F401  - the point of the server: pay these imports once
+import triton  # noqa: F401
+import triton.language  # noqa: F401
+
+from tik_evo import worker
+
+
+def _child(job_path: str, log_path: str, proto: int) -> None:
+    os.setsid()  # own process group: a timeout kills the job and anything it started
+    os.close(proto)
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.chdir(os.path.dirname(job_path))
+    code = 0
+    try:
+        with open(job_path) as fh:
+            worker.run(json.load(fh))
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> None:
+    proto = os.dup(1)  # the protocol channel; fd 1 is redirected to each job's log in the child
+    for line in sys.stdin.buffer:
+        job_path, log_path = line.decode().rstrip("\n").split("\t")
+        pid = os.fork()
+        if pid == 0:
+            _child(job_path, log_path, proto)
+        os.write(proto, f"pid {pid}\n".encode())
+        _, status = os.waitpid(pid, 0)
+        os.write(proto, f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
+
+
+if __name__ == "__main__":
+    main()
