@@ -47,3 +47,57 @@ def test_best_retimed_in_same_audit_is_the_reference():
     # The best re-timed now at 1.6 (drift): a child at 1.8 is not better, though below the stored 2.0.
     v = judge(True, m(0.9, 0.45), m(0.8, 0.4), STATE, cfg())
     assert v.best_objective == 1.6 and not v.promoted
+
+
+# -- lineage decisions over a real store ------------------------------------------------------------------
+from tik_evo import lineage  # noqa: E402
+from tik_evo.lineage import Verdict  # noqa: E402
+from tik_evo.records import Implementation  # noqa: E402
+from tik_evo.store import Store  # noqa: E402
+
+
+def _store(tmp_path):
+    s = Store.create(tmp_path)
+    with s.transaction() as t:
+        t.put(Implementation(t.new_id("I"), "h0", [], "root", "best", objective=2.0))
+        t.state.update(best="I0", root="I0", frontier=["I0"], best_objective=2.0)
+    return s
+
+
+def _child(s, c, parent, verdict, failed=False):
+    with s.transaction() as t:
+        iid = t.new_id("I")
+        t.put(Implementation(iid, f"h{iid}", [parent], "joint", "pending", objective=verdict.objective))
+        lineage.apply(t, iid, parent, verdict, "U0", c, failed, "boom" if failed else "")
+    return iid
+
+
+def test_decisions_promote_continue_archive_abandon(tmp_path):
+    s, c = _store(tmp_path), cfg()
+    a = _child(s, c, "I0", Verdict(objective=1.5, admissible=True, promoted=True, reason="better"))
+    assert s.state()["best"] == a and s.get("I0").status == "active" and s.state()["kappa"] == 0
+    b = _child(s, c, a, Verdict(objective=1.6, admissible=True, reason="not better"))
+    assert s.get(b).status == "active"
+    f = _child(s, c, a, Verdict(), failed=True)
+    assert s.get(f).status == "failed" and f not in s.state()["frontier"]
+    slow = _child(s, c, a, Verdict(objective=9.0, admissible=True, reason="slow"))
+    over = _child(s, c, a, Verdict(objective=1.0, admissible=False, reason="over limit on x"))
+    assert s.get(slow).status == "archived" and s.get(over).status == "archived"
+    assert s.state()["kappa"] == 4
+    kinds = [(d.impl, d.decision) for d in s.all("D")]
+    assert (a, "promote") in kinds and (b, "continue") in kinds and (f, "abandon") in kinds
+    assert (slow, "archive") in kinds and (over, "archive") in kinds
+    s.close()
+
+
+def test_patience_archives_parent_and_stall_reactivates(tmp_path):
+    s, c = _store(tmp_path), cfg()
+    c.search.parent_patience, c.search.reactivate_every = 2, 3
+    p = _child(s, c, "I0", Verdict(objective=2.1, admissible=True, reason="kept"))
+    _child(s, c, p, Verdict(objective=2.2, admissible=True, reason="no"))
+    _child(s, c, p, Verdict(objective=2.3, admissible=True, reason="no"))  # second miss from p: archived
+    decisions = [(d.impl, d.decision) for d in s.all("D")]
+    assert (p, "archive") in decisions
+    # κ reached 3 on that step: the best archived alternative came back to the frontier.
+    assert (p, "reactivate") in decisions and p in s.state()["frontier"] and p not in s.state()["archive"]
+    s.close()
