@@ -16,6 +16,10 @@ from types import ModuleType
 from typing import Any
 
 
+# Triton raises these when a (legal) knob choice cannot be built or launched, e.g. out of shared memory.
+COMPILE_ERRORS = {"CompilationError", "OutOfResources", "CompileTimeAssertionFailure"}
+
+
 def _load(path: str, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
@@ -95,7 +99,7 @@ def run(job: dict[str, Any]) -> None:
                 for seed in seed_list:
                     checks += family.run_checks(impl, case, seed, device)
         except Exception as e:
-            kind = "compile" if "Compil" in type(e).__name__ else "exception"
+            kind = "compile" if type(e).__name__ in COMPILE_ERRORS else "exception"
             res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=kind)
             return
         if not res.stage(level, all(c.passed for c in checks), t0, checks, kind=_failed_kind(checks)):

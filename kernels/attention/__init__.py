@@ -1,0 +1,3 @@
+from kernels.attention.family import AttentionFamily
+
+FAMILY = AttentionFamily()

@@ -1,0 +1,330 @@
+"""`tik-evo bench attention`: bitwise checks and timings of the root (and knob variants) against torch SDPA.
+
+Run on a GPU. For every variant: every consistency case of the family at level "full" (bitwise, bf16 and
+pre-cast fp32), then prefill / train_forward timed against SDPA's cuDNN and flash backends and decode timed as
+CUDA-graph replays against default SDPA, on the same inputs. Also measures the copy-bandwidth and bf16 matmul
+ceilings. Writes one JSON file and prints a table last. Needs torch, triton and numpy only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import importlib.util
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernels.attention.family import AttentionFamily
+from tik_evo.knobs import read_knobs, write_knobs
+
+FAMILY = AttentionFamily()
+
+# Grid subset (the paper grid is 32 q heads, 8 kv heads, head dim 128): the cells the targets name plus a spread.
+PREFILL_CELLS = [("prefill", 1, 16384), ("prefill", 1, 1024), ("prefill", 1, 4096), ("prefill", 1, 8192),
+                 ("prefill", 8, 4096), ("prefill", 16, 16384), ("train_forward", 1, 16384 + 128),
+                 ("train_forward", 4, 4096 + 128)]
+DECODE_CELLS = [(1, 8192), (1, 128), (1, 1024), (1, 4096), (4, 8192), (16, 1024), (16, 8192)]
+HQ, HKV, D = 32, 8, 128
+
+# Knob variants (changes against the root's KNOBS). Contract knobs change both paths jointly.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "root": {},
+    "nosplit": {"SPLIT_TOKENS": 0},
+    "split512_ds4": {"SPLIT_TOKENS": 512, "DECODE_NUM_STAGES": 4},
+    "bn128": {"BLOCK_N": 128},
+    "bn128_ds4": {"BLOCK_N": 128, "DECODE_NUM_STAGES": 4},
+}
+# A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
+# (timed on decode cells); "x_" variants are timed on both.
+SWEEP: dict[str, dict[str, Any]] = {
+    "x_root": {},
+    "x_nosplit_s3": {"SPLIT_TOKENS": 0, "FULL_NUM_STAGES": 3},
+    "x_split1024_flat_s3": {"SPLIT_TOKENS": 1024, "FULL_NUM_STAGES": 3, "DECODE_NUM_STAGES": 3},
+    "x_split1024_nested_s3": {"SPLIT_TOKENS": 1024, "FULL_SPLIT_LOOP": "nested", "FULL_NUM_STAGES": 3,
+                              "DECODE_NUM_STAGES": 3},
+    "x_split512_flat_s3": {"SPLIT_TOKENS": 512, "FULL_NUM_STAGES": 3, "DECODE_NUM_STAGES": 3},
+    "p_split2048_flat_s3": {"SPLIT_TOKENS": 2048, "FULL_NUM_STAGES": 3},
+    "p_split1024_flat_s4": {"SPLIT_TOKENS": 1024, "FULL_NUM_STAGES": 4},
+    "p_split1024_bm64_w4_s3": {"SPLIT_TOKENS": 1024, "BLOCK_M": 64, "FULL_NUM_WARPS": 4, "FULL_NUM_STAGES": 3},
+    "p_bn128_split1024_s3": {"BLOCK_N": 128, "SPLIT_TOKENS": 1024, "FULL_NUM_STAGES": 3},
+    "d_split256_s3": {"SPLIT_TOKENS": 256, "DECODE_NUM_STAGES": 3},
+    "d_split256_s4": {"SPLIT_TOKENS": 256, "DECODE_NUM_STAGES": 4},
+    "d_split512_s4": {"SPLIT_TOKENS": 512, "DECODE_NUM_STAGES": 4},
+    "d_split512_w8_s3": {"SPLIT_TOKENS": 512, "DECODE_NUM_WARPS": 8, "DECODE_NUM_STAGES": 3},
+    "d_split1024_s4": {"SPLIT_TOKENS": 1024, "DECODE_NUM_STAGES": 4},
+    "d_split512_unpacked_s3": {"SPLIT_TOKENS": 512, "DECODE_PACK_GQA": False, "DECODE_NUM_STAGES": 3},
+    "d_bn32_split256_s4": {"BLOCK_N": 32, "SPLIT_TOKENS": 256, "DECODE_NUM_STAGES": 4},
+}
+SWEEP_CHECKS = ("x_root", "x_split1024_flat_s3", "x_split1024_nested_s3", "d_split256_s4", "p_bn128_split1024_s3")
+
+
+def load_variant(name: str, changes: dict[str, Any], folder: Path):
+    """Write the root with ``changes`` applied to KNOBS as a real file (Triton needs one) and import it."""
+    source = FAMILY.root_source()
+    knobs = {**read_knobs(source), **changes}
+    path = folder / f"attention_{name}.py"
+    path.write_text(write_knobs(source, knobs))
+    spec = importlib.util.spec_from_file_location(f"attention_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, knobs
+
+
+def ceilings() -> dict[str, float]:
+    from triton.testing import do_bench
+
+    x = torch.randn(1 << 28, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    mm = do_bench(lambda: a @ b, warmup=25, rep=200, return_mode="median")
+    return {"copy_TBps": 2 * x.numel() * 2 / ms / 1e9, "bf16_matmul_TFLOPs": 2 * 8192**3 / mm / 1e9}
+
+
+def graph_time_us(fn: Callable[[int], None], n_sets: int, calls: int = 20, replays: int = 30) -> float:
+    """Median time of one call, from CUDA-graph replays of ``calls`` calls cycling over the input sets."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for i in range(3):
+            fn(i % n_sets)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(i % n_sets)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _sdpa(backend: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend])
+
+
+def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list[dict]) -> None:
+    from triton.testing import do_bench
+
+    F = torch.nn.functional
+    gen = torch.Generator(device="cuda").manual_seed(B * 100003 + S)
+    q = torch.randn((B, HQ, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty_like(q)
+    scale = 1 / math.sqrt(D)
+    flops = 4 * B * HQ * D * S * (S + 1) / 2
+    cell = f"{phase} B{B} S{S}"
+    ref = None
+    for backend in ("cudnn", "flash"):
+        try:
+            kk, vv = k, v
+            with _sdpa(backend):
+                def fn(kk=kk, vv=vv):
+                    return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=scale, enable_gqa=True)
+
+                try:
+                    ref = fn()
+                except RuntimeError:  # backend without GQA: expand K/V outside the timed region
+                    kk, vv = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
+                    fn = functools.partial(fn, kk, vv)
+                    ref = fn()
+                ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+            rows.append({"phase": phase, "cell": cell, "impl": f"sdpa_{backend}", "ms": ms,
+                         "TFLOPs": flops / ms / 1e9, "gqa_expanded": kk is not k})
+        except Exception as e:  # noqa: BLE001 - a missing backend is a result, not a crash
+            rows.append({"phase": phase, "cell": cell, "impl": f"sdpa_{backend}", "error": repr(e)[:300]})
+    for name, mod in modules.items():
+        try:
+            mod.prefill(q, k, v, scale, out)
+            ms = do_bench(functools.partial(mod.prefill, q, k, v, scale, out), warmup=25, rep=100,
+                          return_mode="median")
+            err = float((out.float() - ref.float()).norm() / ref.float().norm()) if ref is not None else None
+            rows.append({"phase": phase, "cell": cell, "impl": name, "ms": ms, "TFLOPs": flops / ms / 1e9,
+                         "rel_l2_vs_sdpa": err})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"phase": phase, "cell": cell, "impl": name, "error": repr(e)[:300]})
+
+
+def time_decode(modules: dict[str, Any], B: int, ctx: int, rows: list[dict]) -> None:
+    F = torch.nn.functional
+    gen = torch.Generator(device="cuda").manual_seed(B * 7919 + ctx)
+    set_bytes = 2 * B * HKV * ctx * D * 2
+    n_sets = max(1, min(8, (256 << 20) // set_bytes))
+    sets = []
+    for _ in range(n_sets):
+        sets.append((torch.randn((B, HQ, 1, D), generator=gen, device="cuda", dtype=torch.bfloat16),
+                     torch.randn((B, HKV, ctx, D), generator=gen, device="cuda", dtype=torch.bfloat16),
+                     torch.randn((B, HKV, ctx, D), generator=gen, device="cuda", dtype=torch.bfloat16),
+                     torch.full((B,), ctx, dtype=torch.int32, device="cuda")))
+    out = torch.empty((B, HQ, 1, D), device="cuda", dtype=torch.bfloat16)
+    scale = 1 / math.sqrt(D)
+    cell = f"decode B{B} ctx{ctx}"
+
+    def peer(i: int) -> None:
+        q, k, v, _ = sets[i]
+        out.copy_(F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True))
+
+    try:
+        us = graph_time_us(peer, n_sets)
+        rows.append({"phase": "decode", "cell": cell, "impl": "sdpa", "us": us, "TBps": set_bytes / us / 1e6})
+    except Exception as e:  # noqa: BLE001
+        rows.append({"phase": "decode", "cell": cell, "impl": "sdpa", "error": repr(e)[:300]})
+    for name, mod in modules.items():
+        try:
+            us = graph_time_us(lambda i, mod=mod: mod.decode(*sets[i], scale, out), n_sets)
+            rows.append({"phase": "decode", "cell": cell, "impl": name, "us": us, "TBps": set_bytes / us / 1e6})
+        except Exception as e:  # noqa: BLE001
+            rows.append({"phase": "decode", "cell": cell, "impl": name, "error": repr(e)[:300]})
+
+
+def consistency(mod, seeds: list[int], cases: list[dict]) -> dict[str, Any]:
+    result: dict[str, Any] = {"checks": 0, "failed": [], "seconds": 0.0}
+    t0 = time.time()
+    for case in cases:
+        for seed in seeds:
+            try:
+                for c in FAMILY.run_checks(mod, case, seed, "cuda"):
+                    result["checks"] += 1
+                    if not c.passed:
+                        result["failed"].append(c.to_dict())
+            except Exception as e:  # noqa: BLE001
+                result["failed"].append({"name": f"crash {case}", "error": repr(e)[:500]})
+    result["seconds"] = time.time() - t0
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tik-evo bench attention", description=__doc__)
+    ap.add_argument("--out", default="attention_bench.json", help="JSON file to write")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variant names")
+    ap.add_argument("--sweep", action="store_true", help="run the wider knob sweep instead (fewer cells)")
+    ap.add_argument("--check-variants", default=None, help="variants to check (default: all timed ones)")
+    ap.add_argument("--check-seeds", default="0,1", help="seeds of the root's consistency checks (others: 0)")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new work after this")
+    ap.add_argument("--quick", action="store_true", help="consistency on the small case only, fewer cells")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("tik-evo bench attention needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton
+
+    t_start = time.time()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    out_path = Path(args.out)
+    report: dict[str, Any] = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+        "cuda": torch.version.cuda, "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D},
+        "variants": {}, "consistency": {}, "timings": [], "skipped": [],
+    }
+
+    def save() -> None:
+        out_path.write_text(json.dumps(report, indent=1, default=str))
+
+    def left() -> float:
+        return args.budget_s - (time.time() - t_start)
+
+    report["ceilings"] = ceilings()
+    print("ceilings", report["ceilings"], flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="attention_variants_"))
+    table = SWEEP if args.sweep else VARIANTS
+    names = list(SWEEP) if args.sweep else args.variants.split(",")
+    modules = {}
+    for name in names:
+        modules[name], report["variants"][name] = load_variant(name, table[name], tmp)
+    checked = [n for n in names if n in SWEEP_CHECKS] if args.sweep else names
+    if args.check_variants is not None:
+        checked = [n for n in args.check_variants.split(",") if n]
+    prefill_mods = {n: m for n, m in modules.items() if not n.startswith("d_")}
+    decode_mods = {n: m for n, m in modules.items() if not n.startswith("p_")}
+
+    cases = FAMILY.check_cases("small" if args.quick else "full")
+    root_seeds = [int(x) for x in args.check_seeds.split(",")]
+    report["check_seeds"] = {"root": root_seeds, "others": [0]}
+    for name in checked:
+        if left() < args.budget_s * 0.55:
+            report["skipped"].append(f"consistency {name}")
+            continue
+        report["consistency"][name] = consistency(modules[name], root_seeds if name == "root" else [0], cases)
+        r = report["consistency"][name]
+        print(f"consistency {name}: {r['checks']} checks, {len(r['failed'])} failed, {r['seconds']:.0f}s",
+              flush=True)
+        for f in r["failed"][:3]:
+            print("   FAIL", f.get("name"), {k: v for k, v in f.get("details", {}).items()
+                                          if k in ("mismatches", "positions_mismatched", "rel_l2", "error")},
+                  f.get("error", ""), flush=True)
+        save()
+
+    decode_cells = DECODE_CELLS[:1] + DECODE_CELLS[4:] if args.sweep else DECODE_CELLS
+    for B, ctx in decode_cells:
+        if left() < 20:
+            report["skipped"].append(f"decode B{B} ctx{ctx}")
+            continue
+        time_decode(decode_mods, B, ctx, report["timings"])
+        torch.cuda.empty_cache()
+        save()
+    cells = PREFILL_CELLS[:4] if args.quick else PREFILL_CELLS
+    if args.sweep:
+        cells = [PREFILL_CELLS[0], PREFILL_CELLS[2], PREFILL_CELLS[4], PREFILL_CELLS[6]]
+    for phase, B, S in cells:
+        if left() < 25:
+            report["skipped"].append(f"{phase} B{B} S{S}")
+            continue
+        time_prefill(prefill_mods, phase, B, S, report["timings"])
+        torch.cuda.empty_cache()
+        save()
+
+    # The family's own benches (fresh-input verification) on two cells, as the engine would run them.
+    for wl in ({"phase": "decode", "batch": 4, "q_heads": HQ, "kv_heads": HKV, "head_dim": D, "context": 1000},
+               {"phase": "prefill", "batch": 2, "q_heads": HQ, "kv_heads": HKV, "head_dim": D, "seq": 3001}):
+        bench = FAMILY.make_bench(next(iter(modules.values())), wl, 0, "cuda")
+        bench.run()
+        report.setdefault("verify", []).append({"workload": wl, "checks": [c.to_dict() for c in bench.verify()]})
+    report["seconds"] = time.time() - t_start
+    save()
+    print_table(report)
+    return 0
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"\n{report['gpu']} torch {report['torch']} triton {report['triton']}  ceilings: "
+          f"copy {report['ceilings']['copy_TBps']:.2f} TB/s, bf16 mm {report['ceilings']['bf16_matmul_TFLOPs']:.0f} "
+          "TFLOP/s")
+    for name, r in report["consistency"].items():
+        print(f"consistency {name:16s} {r['checks'] - len(r['failed'])}/{r['checks']} passed")
+    by_cell: dict[str, dict[str, Any]] = {}
+    for row in report["timings"]:
+        by_cell.setdefault(row["cell"], {})[row["impl"]] = row
+    for cell, impls in by_cell.items():
+        unit = "us" if cell.startswith("decode") else "ms"
+        parts = [f"{n}={r[unit]:.3g}" if unit in r else f"{n}=ERR" for n, r in impls.items()]
+        print(f"{cell:28s} {unit}: " + " ".join(parts))
+    for v in report.get("verify", []):
+        print("verify", v["workload"]["phase"], all(c["passed"] for c in v["checks"]))
+    if report["skipped"]:
+        print("skipped:", report["skipped"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

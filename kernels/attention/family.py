@@ -1,0 +1,267 @@
+"""Causal GQA attention family harness: inputs, consistency checks, benches, knob space and opportunities."""
+
+from __future__ import annotations
+
+import math
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+
+# The pre-cast fp32 output carries bf16 rounding of the probabilities in the PV dot; measured ~2e-3.
+FP32_TOL = 8e-3
+HEAD_DIMS = (64, 128)
+# Key positions worth decoding besides the answer positions: tile and chunk edges of every knob value.
+EDGE_POSITIONS = (0, 1, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 511, 512, 1023, 1024, 2047, 2048, 4095, 4096)
+_SHAPE = ("batch", "q_heads", "kv_heads", "head_dim")
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """fp64 causal GQA attention of query rows ``rows`` (default all) over keys ``[0, row]``, one batch item at a
+    time. q [B, HQ, S, D] (or [B, HQ, R, D] with ``rows`` giving the R positions), k/v [B, HKV, S_kv, D]."""
+    B, HQ, R, D = q.shape
+    group = HQ // k.shape[1]
+    pos = torch.arange(R, device=q.device) if rows is None else rows.to(q.device)
+    outs = []
+    for b in range(B):
+        kk = k[b, :, : int(pos.max()) + 1].double().repeat_interleave(group, 0)
+        vv = v[b, :, : int(pos.max()) + 1].double().repeat_interleave(group, 0)
+        s = q[b].double() @ kk.transpose(-1, -2) / math.sqrt(D)
+        keys = torch.arange(kk.shape[1], device=q.device)
+        s = s.masked_fill(keys[None, None, :] > pos[None, :, None], float("-inf"))
+        outs.append(s.softmax(-1) @ vv)
+    return torch.stack(outs)
+
+
+class AttentionFamily(Family):
+    name = "attention"
+    entry_points = ("prefill", "decode")
+    phases = ("prefill", "train_forward", "decode")
+    workload_params = {  # noqa: RUF012 - the base class declares it as a plain dict
+        "prefill": (*_SHAPE, "seq"),
+        "train_forward": (*_SHAPE, "prompt", "answer"),
+        "decode": (*_SHAPE, "context"),
+    }
+    knobs = (
+        Knob("BLOCK_N", (32, 64, 128), "contract",
+             "keys per KV block; blocks are walked from key 0 upwards and the block width changes every row's "
+             "online-softmax rounding, so both paths use this one value"),
+        Knob("SPLIT_TOKENS", (0, 256, 512, 1024, 2048, 4096), "contract",
+             "split-KV chunk in absolute key positions (0: no split); each chunk starts a fresh softmax state "
+             "and chunks are merged in ascending order; decode runs chunks in parallel, prefill reproduces them"),
+        Knob("BLOCK_M", (64, 128), "full",
+             "prefill query rows per program; >= 64 keeps the wgmma layout family the decode tile uses"),
+        Knob("FULL_NUM_WARPS", (4, 8), "full", "warps per prefill program"),
+        Knob("FULL_NUM_STAGES", (1, 2, 3, 4), "full", "software pipelining depth of the prefill KV loop"),
+        Knob("FULL_SPLIT_LOOP", ("flat", "nested"), "full",
+             "with split-KV, prefill walks all blocks in one loop folding at chunk ends (flat) or one loop per "
+             "chunk (nested); same chunks and merge order either way"),
+        Knob("DECODE_BLOCK_M", (64, 128), "decode",
+             "rows of the decode tile (GQA heads packed as rows, the rest wasted); >= 64 keeps the wgmma family"),
+        Knob("DECODE_PACK_GQA", (True, False), "decode",
+             "one decode program per KV head with its query heads as rows (True) or one per query head (False)"),
+        Knob("DECODE_NUM_WARPS", (4, 8), "decode", "warps per decode program"),
+        Knob("DECODE_NUM_STAGES", (1, 2, 3, 4), "decode", "software pipelining depth of the decode KV loop"),
+        Knob("DECODE_CHUNKS_PER_PROGRAM", (1, 2, 4), "decode",
+             "split-KV chunks computed by one decode program (each still written as its own partial)"),
+    )
+
+    def opportunities(self) -> list[OpportunitySpec]:
+        return [
+            OpportunitySpec("split_kv", "Cut the keys into fixed chunks of absolute positions so decode of long "
+                            "contexts spreads over many programs (flash-decoding) and merges them in ascending "
+                            "order; prefill reproduces the same chunks per row (joint; costs prefill a merge per "
+                            "chunk)", knobs=("SPLIT_TOKENS", "DECODE_CHUNKS_PER_PROGRAM")),
+            OpportunitySpec("kv_block", "Change the KV block width: wider blocks mean fewer online-softmax "
+                            "rescales and larger MMAs, narrower ones less shared memory (joint)",
+                            knobs=("BLOCK_N",)),
+            OpportunitySpec("prefill_tile", "Retune the prefill query tile, warps and pipelining depth for the "
+                            "compute-bound long-sequence cells", paths=("full",),
+                            knobs=("BLOCK_M", "FULL_NUM_WARPS", "FULL_NUM_STAGES", "FULL_SPLIT_LOOP")),
+            OpportunitySpec("decode_schedule", "Tune the memory-bound decode launch: GQA packing, tile rows, warps, "
+                            "pipelining and chunks per program", paths=("decode",),
+                            knobs=("DECODE_PACK_GQA", "DECODE_BLOCK_M", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES",
+                                   "DECODE_CHUNKS_PER_PROGRAM")),
+            OpportunitySpec("prefill_hopper", "Load K/V tiles with TMA tensor descriptors, warp-specialise loads "
+                            "and MMAs, or make the prefill grid persistent; keep the dot shapes, block order and "
+                            "per-block arithmetic unchanged so decode still agrees", paths=("full",)),
+            OpportunitySpec("decode_memory", "Decode is bound by reading K/V once: wider vector loads, fewer "
+                            "partials written, the merge folded into the last chunk's program (same fixed order)",
+                            paths=("decode",)),
+        ]
+
+    def check_cases(self, level: str) -> list[dict[str, Any]]:
+        small = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 45, "answer": 25, "scale": 1.0}
+        if level == "small":
+            return [small]
+        if interp.interpreting():  # the CPU interpreter would take hours on the GPU cases below
+            return [small, {"batch": 1, "q_heads": 2, "kv_heads": 2, "head_dim": 128, "prompt": 61, "answer": 20,
+                            "scale": 3.0}]
+        return [
+            small,
+            {"batch": 1, "q_heads": 8, "kv_heads": 1, "head_dim": 128, "prompt": 300, "answer": 41, "scale": 3.0},
+            {"batch": 3, "q_heads": 4, "kv_heads": 4, "head_dim": 128, "prompt": 1000, "answer": 70, "scale": 0.3},
+            {"batch": 2, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "prompt": 2039, "answer": 37, "scale": 1.0},
+            {"batch": 1, "q_heads": 8, "kv_heads": 2, "head_dim": 64, "prompt": 4090, "answer": 23, "scale": 2.0},
+        ]
+
+    def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
+        B, HQ, HKV, D = (case[k] for k in _SHAPE)
+        P, A = case["prompt"], case["answer"]
+        S = P + A
+        tag = f"B{B}xHQ{HQ}xHKV{HKV}xD{D}xP{P}+A{A}/seed{seed}"
+        sm_scale = 1.0 / math.sqrt(D)
+        g = checks.generator(seed)
+        scale = case.get("scale", 1.0)
+        q = checks.randn((B, HQ, S, D), g, torch.bfloat16, device, scale)
+        k = checks.randn((B, HKV, S, D), g, torch.bfloat16, device, scale)
+        v = checks.randn((B, HKV, S, D), g, torch.bfloat16, device)
+
+        full, full32 = _outputs((B, HQ, S, D), device)
+        impl.prefill(q, k, v, sm_scale, full, full32)
+        out = [checks.finite(f"prefill finite {tag}", full), checks.finite(f"prefill fp32 finite {tag}", full32)]
+        ref = reference(q, k, v)
+        out += [checks.reference(f"prefill vs fp64 {tag}", full, ref),
+                checks.reference(f"prefill fp32 vs fp64 {tag}", full32, ref, tol=FP32_TOL)]
+
+        # Prompt-only prefill == the prompt part of the prompt+answer pass.
+        pre, pre32 = _outputs((B, HQ, P, D), device)
+        impl.prefill(q[:, :, :P].contiguous(), k[:, :, :P].contiguous(), v[:, :, :P].contiguous(), sm_scale,
+                     pre, pre32)
+        out += [checks.bitwise(f"prompt prefill == prompt part (bf16) {tag}", pre, full[:, :, :P]),
+                checks.bitwise(f"prompt prefill == prompt part (fp32) {tag}", pre32, full32[:, :, :P])]
+
+        # Decode, one mixed-length batch: every answer position (and edge positions in the prompt) decoded over a
+        # cache holding the sequence's keys up to the context and NaN beyond it (a kernel reading past the
+        # context shows up as non-finite output).
+        answer_pos = list(range(P, S))
+        edge_pos = sorted({t for t in EDGE_POSITIONS if t < P} | {P - 1})
+        pos = answer_pos + edge_pos
+        items = [(b, t) for t in pos for b in range(B)] if B * len(pos) <= 256 else \
+            [(i % B, t) for i, t in enumerate(pos)]
+        n = len(items)
+        bs = torch.tensor([b for b, _ in items], device=device)
+        ts = torch.tensor([t for _, t in items], device=device)
+        cap = S + 5
+        kc = torch.full((n, HKV, cap, D), float("nan"), dtype=torch.bfloat16, device=device)
+        vc = torch.full_like(kc, float("nan"))
+        for i, (b, t) in enumerate(items):
+            kc[i, :, : t + 1] = k[b, :, : t + 1]
+            vc[i, :, : t + 1] = v[b, :, : t + 1]
+        ctx = (ts + 1).to(torch.int32)
+        qd = q[bs, :, ts].unsqueeze(2).contiguous()
+        dec, dec32 = _outputs((n, HQ, 1, D), device)
+        impl.decode(qd, kc, vc, ctx, sm_scale, dec, dec32)
+        out += [checks.finite(f"decode finite {tag}", dec32)]
+        want, want32 = full[bs, :, ts].unsqueeze(2), full32[bs, :, ts].unsqueeze(2)
+        is_answer = ts >= P
+        for label, sel in (("answer positions", is_answer), ("prompt edge positions", ~is_answer)):
+            if not bool(sel.any()):
+                continue
+            for dt, a, b_ in (("bf16", dec, want), ("fp32", dec32, want32)):
+                bad = sorted({int(t) for t in ts[sel][(checks.bits(a[sel]) != checks.bits(b_[sel]))
+                                                       .flatten(1).any(1)]})
+                out.append(checks.bitwise(f"decode == prefill row at {label} ({dt}) {tag}", a[sel], b_[sel],
+                                          positions_mismatched=bad[:20]))
+
+        # The last prefill row vs decode at full context, decoded alone with a cache of exactly that length; and a
+        # sequence decoded alone vs inside the mixed batch (shortest, longest, a middle one).
+        order = sorted(range(n), key=lambda i: (items[i][1], items[i][0]))
+        for i in sorted({order[0], order[n // 2], order[-1]}):
+            b, t = items[i]
+            one, one32 = _outputs((1, HQ, 1, D), device)
+            impl.decode(qd[i:i + 1], kc[i:i + 1, :, : t + 1].contiguous(), vc[i:i + 1, :, : t + 1].contiguous(),
+                        ctx[i:i + 1], sm_scale, one, one32)
+            where = f"b{b} ctx{t + 1}"
+            out += [checks.bitwise(f"decode alone == in mixed batch (bf16) {where} {tag}", one, dec[i:i + 1]),
+                    checks.bitwise(f"decode alone == in mixed batch (fp32) {where} {tag}", one32, dec32[i:i + 1])]
+            if t == S - 1:
+                out += [checks.bitwise(f"decode at full context == last prefill row (bf16) {tag}", one,
+                                       full[b:b + 1, :, t:t + 1]),
+                        checks.bitwise(f"decode at full context == last prefill row (fp32) {tag}", one32,
+                                       full32[b:b + 1, :, t:t + 1])]
+        return out
+
+    def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
+        B, HQ, HKV, D = (workload[k] for k in _SHAPE)
+        phase = workload["phase"]
+        sm_scale = 1.0 / math.sqrt(D)
+        g = checks.generator(seed)
+        if phase == "decode":
+            ctx_len = workload["context"]
+            set_bytes = 2 * B * HKV * ctx_len * D * 2
+            copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, set_bytes)))
+            sets = [_decode_inputs(B, HQ, HKV, D, ctx_len, g, device) for _ in range(copies)]
+            y = torch.empty((B, HQ, 1, D), dtype=torch.bfloat16, device=device)
+            state = {"i": 0}
+
+            def run() -> None:
+                state["i"] = (state["i"] + 1) % copies
+                impl.decode(*sets[state["i"]], sm_scale, y)
+
+            def verify() -> list[Check]:
+                qd, kc, vc, ctx = _decode_inputs(B, HQ, HKV, D, ctx_len, checks.generator(seed + 7919), device)
+                checks.poison(y)
+                impl.decode(qd, kc, vc, ctx, sm_scale, y)
+                ref = reference(qd, kc, vc, rows=torch.tensor([ctx_len - 1]))
+                return [checks.finite("fresh inputs finite", y), checks.reference("fresh inputs vs fp64", y, ref)]
+
+            return Bench(run=run, verify=verify, bytes_moved=set_bytes + 2 * B * HQ * D * 2,
+                         flops=4 * B * HQ * D * ctx_len, graph_friendly=True)
+
+        S = workload["seq"] if phase == "prefill" else workload["prompt"] + workload["answer"]
+        set_bytes = 2 * B * (HQ + HKV) * S * D * 2
+        copies = 1 if device == "cpu" else max(1, min(4, (256 << 20) // max(1, set_bytes)))
+        sets = [_prefill_inputs(B, HQ, HKV, D, S, g, device) for _ in range(copies)]
+        y = torch.empty((B, HQ, S, D), dtype=torch.bfloat16, device=device)
+        state = {"i": 0}
+
+        def run() -> None:
+            state["i"] = (state["i"] + 1) % copies
+            impl.prefill(*sets[state["i"]], sm_scale, y)
+
+        def verify() -> list[Check]:
+            q, k, v = _prefill_inputs(B, HQ, HKV, D, S, checks.generator(seed + 7919), device)
+            checks.poison(y)
+            impl.prefill(q, k, v, sm_scale, y)
+            # Reference on a sample of rows (first, last, a random stretch) of batch item 0's first GQA group.
+            rows = torch.unique(torch.cat([torch.arange(min(S, 16)), torch.arange(max(0, S - 64), S),
+                                           torch.randint(0, S, (64,), generator=checks.generator(seed))]))
+            group = HQ // HKV
+            ref = reference(q[:1, :group, rows.to(device)], k[:1, :1], v[:1, :1], rows=rows)
+            return [checks.finite("fresh inputs finite", y),
+                    checks.reference("fresh inputs vs fp64 (sampled rows)", y[:1, :group, rows.to(device)], ref)]
+
+        return Bench(run=run, verify=verify, bytes_moved=set_bytes,
+                     flops=4 * B * HQ * D * S * (S + 1) // 2, graph_friendly=False)
+
+
+def _outputs(shape: tuple[int, ...], device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.empty(shape, dtype=torch.bfloat16, device=device)
+    y32 = torch.empty(shape, dtype=torch.float32, device=device)
+    checks.poison(y, y32)
+    return y, y32
+
+
+def _randn(shape: tuple[int, ...], g: torch.Generator, device: str) -> torch.Tensor:
+    """Bench inputs (up to GBs): drawn on the device from a generator seeded by ``g``, never zeros."""
+    if device == "cpu":
+        return checks.randn(shape, g, torch.bfloat16, device)
+    dg = torch.Generator(device=device)
+    dg.manual_seed(int(torch.randint(0, 2**62, (1,), generator=g)))
+    return torch.randn(shape, generator=dg, dtype=torch.bfloat16, device=device)
+
+
+def _prefill_inputs(B: int, HQ: int, HKV: int, D: int, S: int, g: torch.Generator, device: str):
+    return _randn((B, HQ, S, D), g, device), _randn((B, HKV, S, D), g, device), _randn((B, HKV, S, D), g, device)
+
+
+def _decode_inputs(B: int, HQ: int, HKV: int, D: int, ctx_len: int, g: torch.Generator, device: str):
+    q = _randn((B, HQ, 1, D), g, device)
+    kc = _randn((B, HKV, ctx_len, D), g, device)
+    vc = _randn((B, HKV, ctx_len, D), g, device)
+    ctx = torch.full((B,), ctx_len, dtype=torch.int32, device=device)
+    return q, kc, vc, ctx

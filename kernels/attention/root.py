@@ -1,0 +1,316 @@
+"""Unified causal GQA attention (bf16 in/out, fp32 math): full-sequence `prefill` and one-token `decode`.
+
+Both entry points walk KV blocks of BLOCK_N keys from key 0 upwards through one shared per-block function
+(`_attn_block`: QK dot, mask, online-softmax update, PV dot) and normalise with one shared function, so a
+query row gets the same bits whichever path computed it. With SPLIT_TOKENS > 0 the keys are cut into fixed
+chunks of SPLIT_TOKENS absolute positions; each chunk starts from a fresh softmax state and the chunks are
+folded in ascending order by one shared merge function (`_merge`). Decode computes the chunks in parallel
+programs (flash-decoding) and folds them in a second launch; prefill reproduces the same chunks and folds
+per query tile (one loop per chunk, or one loop that folds at chunk ends: FULL_SPLIT_LOOP). Multiply-adds
+whose rounding matters are written as explicit `fma` (probabilities, row sums, merges), so the compiler cannot
+contract them differently in masked and unmasked blocks or in the two paths.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+KNOBS = {
+    "BLOCK_N": 64,
+    "SPLIT_TOKENS": 1024,
+    "BLOCK_M": 128,
+    "FULL_NUM_WARPS": 8,
+    "FULL_NUM_STAGES": 3,
+    "FULL_SPLIT_LOOP": "nested",
+    "DECODE_BLOCK_M": 64,
+    "DECODE_PACK_GQA": True,
+    "DECODE_NUM_WARPS": 4,
+    "DECODE_NUM_STAGES": 3,
+    "DECODE_CHUNKS_PER_PROGRAM": 1,
+}
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _attn_block(acc, m_i, l_i, q, k_base, v_base, start_n, key_limit, row_limit, qk_scale,
+                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
+    """One KV block for every row of the tile: the per-row arithmetic both paths share.
+
+    `row_limit[r]` is one past the last key row r may see. MASK=False is only used for blocks every row sees
+    in full; there `where` would return the scores unchanged, so skipping it does not change any bit.
+    """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    if MASK:
+        in_kv = offs_n < key_limit
+        k = tl.load(k_base + offs_n[None, :] * HEAD_D + offs_d[:, None], mask=in_kv[None, :], other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * HEAD_D + offs_d[None, :], mask=in_kv[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + offs_n[None, :] * HEAD_D + offs_d[:, None])
+        v = tl.load(v_base + offs_n[:, None] * HEAD_D + offs_d[None, :])
+    s = tl.dot(q, k)
+    if MASK:
+        s = tl.where(offs_n[None, :] < row_limit[:, None], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid (-inf) - (-inf)
+    p = tl.math.exp2(tl.math.fma(s, qk_scale, -(m_use * qk_scale)[:, None]))
+    alpha = tl.math.exp2((m_i - m_use) * qk_scale)
+    l_i = tl.math.fma(l_i, alpha, tl.sum(p, 1))
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(tl.bfloat16), v, acc)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _walk(acc, m_i, l_i, q, k_base, v_base, lo, hi, key_limit, row_limit, qk_scale,
+          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
+    """Blocks starting at lo, lo + BLOCK_N, ... below hi, in ascending order (lo is a multiple of BLOCK_N)."""
+    for start_n in range(lo, hi, BLOCK_N):
+        acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k_base, v_base, start_n, key_limit, row_limit, qk_scale,
+                                    HEAD_D, BLOCK_N, MASK)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _chunk(q, k_base, v_base, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale,
+           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Keys [lo, hi) from a fresh softmax state: whole blocks below unmasked_hi unmasked, the rest masked."""
+    acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    mid = tl.maximum(tl.minimum(hi, unmasked_hi), lo)
+    acc, m_i, l_i = _walk(acc, m_i, l_i, q, k_base, v_base, lo, mid, key_limit, row_limit, qk_scale,
+                          HEAD_D, BLOCK_N, False)
+    acc, m_i, l_i = _walk(acc, m_i, l_i, q, k_base, v_base, mid, hi, key_limit, row_limit, qk_scale,
+                          HEAD_D, BLOCK_N, True)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _merge(m_a, l_a, acc_a, m_b, l_b, acc_b, qk_scale):
+    """Fold chunk b into the running state a (always in ascending chunk order)."""
+    m = tl.maximum(m_a, m_b)
+    m_use = tl.where(m == float("-inf"), 0.0, m)
+    alpha = tl.math.exp2((m_a - m_use) * qk_scale)
+    beta = tl.math.exp2((m_b - m_use) * qk_scale)
+    l = tl.math.fma(l_a, alpha, l_b * beta)
+    acc = tl.math.fma(acc_a, alpha[:, None], acc_b * beta[:, None])
+    return m, l, acc
+
+
+@triton.jit
+def _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, k_base, v_base, lo, hi, key_limit, row_limit, qk_scale,
+                  BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                  MASK: tl.constexpr):
+    """Like `_walk` for the chunk state (c_*), folding it into the running state at every chunk end."""
+    for start_n in range(lo, hi, BLOCK_N):
+        c_acc, c_m, c_l = _attn_block(c_acc, c_m, c_l, q, k_base, v_base, start_n, key_limit, row_limit, qk_scale,
+                                      HEAD_D, BLOCK_N, MASK)
+        if (start_n + BLOCK_N) % SPLIT == 0:
+            m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
+            c_acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
+            c_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            c_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return acc, m_i, l_i, c_acc, c_m, c_l
+
+
+@triton.jit
+def _finish(acc, l_i):
+    return acc / l_i[:, None]
+
+
+@triton.jit
+def _prefill_kernel(Q, K, V, O, O32, S, qk_scale, HQ, HKV, GROUP,
+                    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                    FLAT_SPLIT: tl.constexpr, WRITE32: tl.constexpr):
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    kv = (b * HKV + h // GROUP).to(tl.int64) * S * HEAD_D
+    k_base = K + kv
+    v_base = V + kv
+    row0 = bh.to(tl.int64) * S * HEAD_D
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_D)
+    io = offs_m[:, None] * HEAD_D + offs_d[None, :]
+    row_ok = offs_m[:, None] < S
+    q = tl.load(Q + row0 + io, mask=row_ok, other=0.0)
+    row_limit = offs_m + 1
+    tile_start = pid_m * BLOCK_M
+    hi = tl.minimum(tile_start + BLOCK_M, S)
+    unmasked_hi = (tile_start // BLOCK_N) * BLOCK_N  # blocks ending at or before the tile's first row
+    if SPLIT == 0:
+        acc, m_i, l_i = _chunk(q, k_base, v_base, 0, hi, unmasked_hi, S, row_limit, qk_scale,
+                               BLOCK_M, HEAD_D, BLOCK_N)
+    else:
+        acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if FLAT_SPLIT:
+            # One block loop (one software pipeline) that folds and restarts the state at every chunk end.
+            c_acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
+            c_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+            c_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc, m_i, l_i, c_acc, c_m, c_l = _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, k_base, v_base, 0,
+                                                           unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D,
+                                                           BLOCK_N, SPLIT, False)
+            acc, m_i, l_i, c_acc, c_m, c_l = _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, k_base, v_base,
+                                                           unmasked_hi, hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D,
+                                                           BLOCK_N, SPLIT, True)
+            m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)  # open chunk (identity if empty)
+        else:
+            for lo in range(0, hi, SPLIT):
+                c_acc, c_m, c_l = _chunk(q, k_base, v_base, lo, tl.minimum(lo + SPLIT, hi), unmasked_hi, S,
+                                         row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N)
+                m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
+    o = _finish(acc, l_i)
+    tl.store(O + row0 + io, o.to(tl.bfloat16), mask=row_ok)
+    if WRITE32:
+        tl.store(O32 + row0 + io, o, mask=row_ok)
+
+
+@triton.jit
+def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
+                   HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                   PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, WRITE32: tl.constexpr):
+    """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile."""
+    g = tl.program_id(0)
+    pid = tl.program_id(1)
+    if PACK_GQA:
+        b = pid // HKV
+        hk = pid % HKV
+        h0 = hk * GROUP
+        n_rows = GROUP
+    else:
+        b = pid // HQ
+        h0 = pid % HQ
+        hk = h0 // GROUP
+        n_rows = 1
+    n = tl.load(CTX + b)
+    kv = (b * HKV + hk).to(tl.int64) * S_CAP * HEAD_D
+    k_base = K + kv
+    v_base = V + kv
+    rows = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_D)
+    qrow = b * HQ + h0 + rows  # query heads of this program (q is [B, HQ, 1, D])
+    row_ok = rows < n_rows
+    q = tl.load(Q + qrow[:, None] * HEAD_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    row_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + n
+    n_full = (n // BLOCK_N) * BLOCK_N
+    if SPLIT == 0:
+        acc, m_i, l_i = _chunk(q, k_base, v_base, 0, n, n_full, n, row_limit, qk_scale,
+                               BLOCK_M, HEAD_D, BLOCK_N)
+        o = _finish(acc, l_i)
+        io = qrow[:, None] * HEAD_D + offs_d[None, :]
+        tl.store(O + io, o.to(tl.bfloat16), mask=row_ok[:, None])
+        if WRITE32:
+            tl.store(O32 + io, o, mask=row_ok[:, None])
+    else:
+        c_hi = tl.minimum(g * CHUNKS_PER_PROGRAM + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
+        for c in range(g * CHUNKS_PER_PROGRAM, c_hi):
+            lo = c * SPLIT
+            acc, m_i, l_i = _chunk(q, k_base, v_base, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit,
+                                   qk_scale, BLOCK_M, HEAD_D, BLOCK_N)
+            ws = qrow.to(tl.int64) * N_CHUNKS + c
+            tl.store(M_WS + ws, m_i, mask=row_ok)
+            tl.store(L_WS + ws, l_i, mask=row_ok)
+            tl.store(ACC_WS + ws[:, None] * HEAD_D + offs_d[None, :], acc, mask=row_ok[:, None])
+
+
+@triton.jit
+def _load_partial(M_WS, L_WS, ACC_WS, ws, offs_d, ok, HEAD_D: tl.constexpr):
+    m = tl.load(M_WS + ws, mask=ok, other=float("-inf"))
+    l = tl.load(L_WS + ws, mask=ok, other=0.0)
+    acc = tl.load(ACC_WS + ws[:, None] * HEAD_D + offs_d[None, :], mask=ok[:, None], other=0.0)
+    return m, l, acc
+
+
+@triton.jit
+def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
+                         HEAD_D: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr, WRITE32: tl.constexpr):
+    """Fold the chunk partials of one KV head's query heads in ascending chunk order."""
+    pid = tl.program_id(0)
+    b = pid // HKV
+    hk = pid % HKV
+    n = tl.load(CTX + b)
+    rows = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_D)
+    qrow = b * HQ + hk * GROUP + rows
+    row_ok = rows < GROUP
+    acc = tl.zeros([ROWS, HEAD_D], dtype=tl.float32)
+    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([ROWS], dtype=tl.float32)
+    n_chunks = tl.cdiv(n, SPLIT)
+    ws = qrow.to(tl.int64) * N_CHUNKS
+    for c in range(0, n_chunks, 4):
+        # Four independent loads in flight; chunks past the end load as the empty state (an exact identity).
+        m0, l0, a0 = _load_partial(M_WS, L_WS, ACC_WS, ws + c, offs_d, row_ok & (c < n_chunks), HEAD_D)
+        m1, l1, a1 = _load_partial(M_WS, L_WS, ACC_WS, ws + c + 1, offs_d, row_ok & (c + 1 < n_chunks), HEAD_D)
+        m2, l2, a2 = _load_partial(M_WS, L_WS, ACC_WS, ws + c + 2, offs_d, row_ok & (c + 2 < n_chunks), HEAD_D)
+        m3, l3, a3 = _load_partial(M_WS, L_WS, ACC_WS, ws + c + 3, offs_d, row_ok & (c + 3 < n_chunks), HEAD_D)
+        m_i, l_i, acc = _merge(m_i, l_i, acc, m0, l0, a0, qk_scale)
+        m_i, l_i, acc = _merge(m_i, l_i, acc, m1, l1, a1, qk_scale)
+        m_i, l_i, acc = _merge(m_i, l_i, acc, m2, l2, a2, qk_scale)
+        m_i, l_i, acc = _merge(m_i, l_i, acc, m3, l3, a3, qk_scale)
+    o = _finish(acc, l_i)
+    io = qrow[:, None] * HEAD_D + offs_d[None, :]
+    tl.store(O + io, o.to(tl.bfloat16), mask=row_ok[:, None])
+    if WRITE32:
+        tl.store(O32 + io, o, mask=row_ok[:, None])
+
+
+def _qk_scale(sm_scale: float) -> float:
+    return float(sm_scale) * LOG2E
+
+
+def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, out: torch.Tensor,
+            out32: torch.Tensor | None = None) -> None:
+    """Causal attention over whole sequences: q [B, HQ, S, D], k/v [B, HKV, S, D] -> out [B, HQ, S, D]."""
+    B, HQ, S, D = q.shape
+    HKV = k.shape[1]
+    block_m = KNOBS["BLOCK_M"]
+    grid = (triton.cdiv(S, block_m), B * HQ)
+    _prefill_kernel[grid](
+        q, k, v, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), HQ, HKV, HQ // HKV,
+        HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
+        FLAT_SPLIT=KNOBS["FULL_SPLIT_LOOP"] == "flat", WRITE32=out32 is not None,
+        num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
+    )
+
+
+def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
+           sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None) -> None:
+    """One new token per sequence: q [B, HQ, 1, D] attends keys [0, context_lens[b]) of k/v_cache
+    [B, HKV, S_cap, D] (the token's own key included); context_lens is int32 [B], 1 <= len <= S_cap."""
+    B, HQ, _, D = q.shape
+    HKV, s_cap = k_cache.shape[1], k_cache.shape[2]
+    group = HQ // HKV
+    split = KNOBS["SPLIT_TOKENS"]
+    pack = KNOBS["DECODE_PACK_GQA"]
+    block_m = max(KNOBS["DECODE_BLOCK_M"], triton.next_power_of_2(group)) if pack else KNOBS["DECODE_BLOCK_M"]
+    cpp = KNOBS["DECODE_CHUNKS_PER_PROGRAM"]
+    o32 = out32 if out32 is not None else out
+    qk_scale = _qk_scale(sm_scale)
+    if split:
+        n_chunks = triton.cdiv(s_cap, split)
+        m_ws = torch.empty((B * HQ * n_chunks,), dtype=torch.float32, device=q.device)
+        l_ws = torch.empty_like(m_ws)
+        acc_ws = torch.empty((B * HQ * n_chunks * D,), dtype=torch.float32, device=q.device)
+    else:
+        n_chunks, cpp = 1, 1
+        m_ws = l_ws = acc_ws = o32
+    grid = (triton.cdiv(n_chunks, cpp), B * (HKV if pack else HQ))
+    _decode_kernel[grid](
+        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, n_chunks, qk_scale, HQ, HKV,
+        group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
+        CHUNKS_PER_PROGRAM=cpp, WRITE32=out32 is not None,
+        num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
+    )
+    if split:
+        _decode_merge_kernel[(B * HKV,)](
+            context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
+            HEAD_D=D, ROWS=max(16, triton.next_power_of_2(group)), SPLIT=split, WRITE32=out32 is not None,
+            num_warps=4,
+        )

@@ -1,0 +1,197 @@
+"""Attention family on the CPU (TRITON_INTERPRET=1, exact float64 dot): the structure of bitwise consistency.
+
+These tests prove logic (same blocks, same order, same merges), not GPU bits or speed; those are measured by
+`benchmarks/attention_gpu.py` (results under `results/attention/`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+import yaml
+
+from kernels.attention import FAMILY
+from kernels.attention.family import reference
+from tik_evo import interp
+from tik_evo.knobs import read_knobs, write_knobs
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = FAMILY.check_cases("small")[0]
+# Negative tests only need one decode position to differ: a smaller case keeps them fast.
+TINY = {"batch": 1, "q_heads": 2, "kv_heads": 1, "head_dim": 64, "prompt": 40, "answer": 10, "scale": 1.0}
+_TMP = Path(tempfile.mkdtemp(prefix="tik_attention_"))
+_count = [0]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreter():
+    interp.install()
+
+
+def load(source: str) -> ModuleType:
+    """Import a candidate source from a real file (Triton needs one)."""
+    _count[0] += 1
+    path = _TMP / f"attention_cand_{_count[0]}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_knobs(source: str, **changes) -> str:
+    return write_knobs(source, {**read_knobs(source), **changes})
+
+
+def failed(results) -> list[str]:
+    return [c.name for c in results if not c.passed]
+
+
+def test_knob_space_matches_root():
+    knobs = read_knobs(FAMILY.root_source())
+    assert set(knobs) == {k.name for k in FAMILY.knobs}
+    for k in FAMILY.knobs:
+        assert knobs[k.name] in k.values, k.name
+    assert {k.role for k in FAMILY.knobs if k.name in ("BLOCK_N", "SPLIT_TOKENS")} == {"contract"}
+    # Every split size is a whole number of KV blocks for every block width.
+    for split in FAMILY.knob("SPLIT_TOKENS").values:
+        assert all(split % bn == 0 for bn in FAMILY.knob("BLOCK_N").values)
+    # Hopper: both paths stay in the wgmma layout family.
+    assert min(FAMILY.knob("BLOCK_M").values) >= 64 and min(FAMILY.knob("DECODE_BLOCK_M").values) >= 64
+    for opp in FAMILY.opportunities():
+        assert all(n in knobs for n in opp.knobs), opp.kind
+
+
+def test_reference_matches_torch_sdpa():
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(s, generator=g, dtype=torch.float64) for s in ((2, 6, 9, 16), (2, 3, 9, 16), (2, 3, 9, 16)))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert torch.allclose(reference(q, k, v), want, atol=1e-12)
+    rows = torch.tensor([4, 8])
+    assert torch.allclose(reference(q[:, :, rows], k, v, rows=rows), want[:, :, rows], atol=1e-12)
+
+
+def test_root_passes_small_case():
+    results = FAMILY.run_checks(load(FAMILY.root_source()), SMALL, 0, "cpu")
+    assert len(results) >= 15
+    assert not failed(results), failed(results)
+
+
+def test_split_kv_mha_passes_every_case():
+    # Split-KV with chunks much shorter than the sequence (several merges per row, chunk edges inside the answer),
+    # GQA ratio 1, larger input scale: the prefill must reproduce decode's chunks and merge order exactly.
+    src = with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=32, BLOCK_M=64, DECODE_CHUNKS_PER_PROGRAM=2)
+    case = {"batch": 1, "q_heads": 2, "kv_heads": 2, "head_dim": 64, "prompt": 50, "answer": 27, "scale": 3.0}
+    results = FAMILY.run_checks(load(src), case, 1, "cpu")
+    assert not failed(results), failed(results)
+
+
+# Knob combinations the search may choose: path-only knobs from the legal space; contract knobs scaled down so
+# that the tiny CPU shapes still cross block and chunk edges (the legal splits are >= 256 tokens).
+_rng = random.Random(0)
+_COMBOS = []
+for contract in ({"BLOCK_N": 64, "SPLIT_TOKENS": 0}, {"BLOCK_N": 32, "SPLIT_TOKENS": 64},
+                 {"BLOCK_N": 64, "SPLIT_TOKENS": 64}):
+    path = {k.name: _rng.choice(k.values) for k in FAMILY.knobs if k.role != "contract"}
+    _COMBOS.append({**path, **contract})
+
+
+@pytest.mark.parametrize("knobs", _COMBOS, ids=lambda k: f"BN{k['BLOCK_N']}-split{k['SPLIT_TOKENS']}")
+def test_sampled_knob_combos_stay_consistent(knobs):
+    case = {"batch": 1, "q_heads": 4, "kv_heads": 1, "head_dim": 64, "prompt": 50, "answer": 16, "scale": 0.5}
+    results = FAMILY.run_checks(load(with_knobs(FAMILY.root_source(), **knobs)), case, 2, "cpu")
+    assert not failed(results), failed(results)
+
+
+def _decode_reads(source: str, knob: str, new_knob: str) -> str:
+    """A copy of the root whose decode launch reads ``new_knob`` where both paths should read ``knob``."""
+    start = source.index("def decode(")
+    body = source[start:]
+    assert f'KNOBS["{knob}"]' in body
+    return source[:start] + body.replace(f'KNOBS["{knob}"]', f'KNOBS["{new_knob}"]')
+
+
+def test_mismatched_block_n_is_caught():
+    # Decode walks 32-key blocks while prefill walks 64-key blocks: accurate, but not the same bits.
+    src = _decode_reads(FAMILY.root_source(), "BLOCK_N", "DECODE_BLOCK_N")
+    src = with_knobs(src, BLOCK_N=64, DECODE_BLOCK_N=32)
+    results = FAMILY.run_checks(load(src), TINY, 0, "cpu")
+    bad = failed(results)
+    assert any(n.startswith("decode == prefill row at answer positions (fp32)") for n in bad), bad
+    assert all(c.passed for c in results if c.kind == "reference")
+    # Decode alone vs in a batch is still consistent (the mismatch is between paths, not batch sizes).
+    assert not any("alone" in n for n in bad), bad
+
+
+def test_mismatched_split_is_caught():
+    # Decode splits the keys into 32-token chunks, prefill does not split.
+    src = _decode_reads(FAMILY.root_source(), "SPLIT_TOKENS", "DECODE_SPLIT")
+    src = with_knobs(src, BLOCK_N=32, SPLIT_TOKENS=0, DECODE_SPLIT=32)
+    results = FAMILY.run_checks(load(src), TINY, 0, "cpu")
+    assert any("decode == prefill row" in n for n in failed(results)), failed(results)
+
+
+def test_decode_ignores_cache_beyond_context():
+    mod = load(FAMILY.root_source())
+    g = torch.Generator().manual_seed(5)
+    B, HQ, HKV, D, cap = 3, 4, 2, 64, 40
+    q = torch.randn((B, HQ, 1, D), generator=g).bfloat16()
+    kc = torch.randn((B, HKV, cap, D), generator=g).bfloat16()
+    vc = torch.randn((B, HKV, cap, D), generator=g).bfloat16()
+    ctx = torch.tensor([1, 17, 40], dtype=torch.int32)
+    out = torch.full((B, HQ, 1, D), float("nan"), dtype=torch.bfloat16)
+    mod.decode(q, kc, vc, ctx, 1 / math.sqrt(D), out)
+    garbage_k, garbage_v = kc.clone(), vc.clone()
+    for b, n in enumerate(ctx.tolist()):
+        garbage_k[b, :, n:] = float("inf")
+        garbage_v[b, :, n:] = float("nan")
+    out2 = torch.full_like(out, float("nan"))
+    mod.decode(q, garbage_k, garbage_v, ctx, 1 / math.sqrt(D), out2)
+    assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
+    for b, n in enumerate(ctx.tolist()):
+        ref = reference(q[b:b + 1], kc[b:b + 1], vc[b:b + 1], rows=torch.tensor([n - 1]))
+        assert float((out[b:b + 1].double() - ref).norm() / ref.norm()) < 1.6e-2
+
+
+def test_benches_on_cpu_workloads():
+    mod = load(FAMILY.root_source())
+    spec = yaml.safe_load((REPO / "workloads" / "attention_cpu.yaml").read_text())
+    assert spec["family"] == "attention"
+    phases = set()
+    for wl in spec["workloads"]:
+        FAMILY.validate_workload(wl)
+        bench = FAMILY.make_bench(mod, wl, 0, "cpu")
+        bench.run()
+        results = bench.verify()
+        assert results and all(c.passed for c in results), [c.to_dict() for c in results]
+        assert bench.bytes_moved > 0 and bench.flops > 0
+        assert bench.graph_friendly == (wl["phase"] == "decode")
+        phases.add(wl["phase"])
+    assert phases == set(FAMILY.phases)
+
+
+def test_grid_workloads_are_valid():
+    for name in ("attention_grid.yaml", "attention_heldout.yaml"):
+        spec = yaml.safe_load((REPO / "workloads" / name).read_text())
+        names = [w["name"] for w in spec["workloads"]]
+        assert len(names) == len(set(names))
+        for wl in spec["workloads"]:
+            FAMILY.validate_workload(wl)
+            assert wl["head_dim"] in (64, 128) and wl["q_heads"] % wl["kv_heads"] == 0
+    grid = yaml.safe_load((REPO / "workloads" / "attention_grid.yaml").read_text())["workloads"]
+    assert len(grid) == 48
+
+
+def test_bench_needs_a_gpu(capsys):
+    from kernels.attention import bench
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert bench.main([]) == 2
