@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -100,14 +100,14 @@ class AblationConfig:
 class LLMModel:
     model: str = MISSING  # any litellm model string: anthropic/..., openai/..., hosted_vllm/...
     weight: float = 1.0
-    api_base: Optional[str] = None  # a local vLLM / Ollama / OpenAI-compatible server
+    api_base: str | None = None  # a local vLLM / Ollama / OpenAI-compatible server
     temperature: float = 0.7
     # Keys come from the environment only: litellm reads the provider's usual variable (ANTHROPIC_API_KEY,
     # OPENAI_API_KEY, ...); api_key_env names another variable (e.g. for one of several local servers).
-    api_key_env: Optional[str] = None
+    api_key_env: str | None = None
     # Prices for models litellm has no price for (local servers default to 0), USD per million tokens.
-    input_usd_per_mtok: Optional[float] = None
-    output_usd_per_mtok: Optional[float] = None
+    input_usd_per_mtok: float | None = None
+    output_usd_per_mtok: float | None = None
 
 
 @dataclass

@@ -9,10 +9,11 @@ points and reads its tunables from a module-level ``KNOBS`` dict (see :mod:`tik_
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 Role = Literal["contract", "full", "decode"]
 

@@ -4,15 +4,16 @@ transaction per step, until κ, the evaluation budget, the wall-time budget or t
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from omegaconf import DictConfig
 
+from tik_evo import lineage
 from tik_evo.action import Actor, Choice
 from tik_evo.audit import AuditJob, AuditOutcome, run_audit, source_file
 from tik_evo.family import Family
-from tik_evo import lineage
 from tik_evo.operators.base import Proposal
 from tik_evo.records import Action, Audit, Implementation, Opportunity
 from tik_evo.scheduler import Scheduler, trial_value

@@ -5,9 +5,10 @@ from __future__ import annotations
 import difflib
 import json
 import statistics
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree

@@ -7,6 +7,7 @@ told as failed.
 from __future__ import annotations
 
 from pathlib import Path
+
 import optuna
 from omegaconf import DictConfig
 

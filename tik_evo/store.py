@@ -12,9 +12,10 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import lmdb
 
@@ -161,7 +162,7 @@ class Store:
             os.close(fd)
             raise StoreLocked(f"{self.run_dir} is already being written by another tik-evo process "
                               f"(pid {holder}); wait for it to finish or stop it, then `tik-evo resume "
-                              f"{self.run_dir}`. Read-only commands (status, show, tui) work meanwhile.")
+                              f"{self.run_dir}`. Read-only commands (status, show, tui) work meanwhile.") from None
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd

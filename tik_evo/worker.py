@@ -15,7 +15,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-
 # Triton raises these when a (legal) knob choice cannot be built or launched, e.g. out of shared memory.
 COMPILE_ERRORS = {"CompilationError", "OutOfResources", "CompileTimeAssertionFailure"}
 

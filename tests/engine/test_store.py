@@ -21,11 +21,10 @@ def _add(store, n):
 def test_transaction_is_all_or_nothing(tmp_path):
     store = Store.create(tmp_path)
     _add(store, 2)
-    with pytest.raises(RuntimeError):
-        with store.transaction() as t:
-            t.put(Implementation(t.new_id("I"), "h", [], "joint", "active"))
-            t.state["frontier"].append("I2")
-            raise RuntimeError("crash mid-step")
+    with pytest.raises(RuntimeError), store.transaction() as t:
+        t.put(Implementation(t.new_id("I"), "h", [], "joint", "active"))
+        t.state["frontier"].append("I2")
+        raise RuntimeError("crash mid-step")
     assert [i.id for i in store.all("I")] == ["I0", "I1"]
     assert store.state()["frontier"] == ["I0", "I1"] and store.state()["counters"]["I"] == 2
     store.close()

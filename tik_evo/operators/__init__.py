@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tik_evo.operators.base import Operator
 from tik_evo.operators.knob import KnobOperator
