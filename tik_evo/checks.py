@@ -14,6 +14,8 @@ _INT_VIEW = {
     torch.float16: torch.int16,
     torch.float32: torch.int32,
     torch.float64: torch.int64,
+    torch.int32: torch.int32,  # indices (e.g. routed expert ids) compare as themselves
+    torch.int64: torch.int64,
 }
 
 # Relative-L2 tolerance against an fp32/fp64 reference, by output dtype.

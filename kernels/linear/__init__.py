@@ -1,0 +1,3 @@
+from kernels.linear.family import LinearFamily
+
+FAMILY = LinearFamily()

@@ -1,0 +1,179 @@
+"""Linear (batch-invariant matmul) family harness: inputs, checks, benches, knob space and opportunities."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tik_evo import checks
+from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+
+FP32_TOL = 1e-5  # fp32 accumulation of exact bf16 products against fp64
+GRAD_TOL = 1.6e-2  # backward outputs are bf16
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    y = x.double() @ weight.double().t()
+    return y + bias.double() if bias is not None else y
+
+
+class LinearFamily(Family):
+    name = "linear"
+    entry_points = ("linear_full", "linear_decode")
+    phases = ("full", "decode")
+    workload_params = {"full": ("tokens", "n", "k"), "decode": ("batch", "n", "k")}
+    knobs = (
+        Knob("BLOCK_K", (32, 64, 128), "contract",
+             "K step of every tl.dot; the accumulation order over K, so both paths change together"),
+        Knob("K_CHUNK", (0, 512, 1024, 2048, 4096), "contract",
+             "fixed K split (0: none): chunks from zero accumulators merged in ascending order in every path; "
+             "a multiple of BLOCK_K"),
+        Knob("FULL_BLOCK_M", (64, 128, 256), "full", "output rows per tile in the full path"),
+        Knob("FULL_BLOCK_N", (64, 128, 256), "full", "output columns per tile in the full path"),
+        Knob("FULL_GROUP_M", (1, 4, 8, 16), "full", "row-tile grouping for L2 reuse of W in the full path"),
+        Knob("FULL_NUM_WARPS", (4, 8), "full", "warps per tile in the full path"),
+        Knob("FULL_NUM_STAGES", (2, 3, 4, 5), "full", "software pipelining depth of the full path"),
+        Knob("FULL_SPLIT_PARALLEL", (False, True), "full",
+             "run K chunks as parallel programs plus a merge launch (else in-program) in the full path"),
+        Knob("FULL_USE_TMA", (False, True), "full", "load tiles with TMA descriptors in the full path"),
+        Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
+        Knob("DECODE_BLOCK_N", (32, 64, 128, 256), "decode", "output columns per tile in decode"),
+        Knob("DECODE_GROUP_M", (1, 4, 8), "decode", "row-tile grouping in decode"),
+        Knob("DECODE_NUM_WARPS", (2, 4, 8), "decode", "warps per tile in decode"),
+        Knob("DECODE_NUM_STAGES", (2, 3, 4, 5, 6), "decode", "software pipelining depth of decode"),
+        Knob("DECODE_SPLIT_PARALLEL", (False, True), "decode",
+             "run K chunks as parallel programs plus a merge launch (else in-program) in decode"),
+        Knob("DECODE_USE_TMA", (False, True), "decode", "load tiles with TMA descriptors in decode"),
+    )
+
+    def opportunities(self) -> list[OpportunitySpec]:
+        return [
+            OpportunitySpec("fixed_k_split", "Decode-sized down-projections (small N, large K) launch too few tiles "
+                            "to stream W at full bandwidth: cut K into fixed chunks (same absolute boundaries for "
+                            "every M), run them as parallel programs in decode and merge in ascending order; the "
+                            "full path reproduces the chunks in-program (joint)",
+                            knobs=("K_CHUNK", "DECODE_SPLIT_PARALLEL", "DECODE_BLOCK_N")),
+            OpportunitySpec("decode_row_mask", "Pointer-path decode wraps rows past M onto valid rows; at M = 1 every "
+                            "row of the A tile is the same address, which ran 2x slower than the zero-filling TMA path "
+                            "(H200). Mask the A rows (other=0) instead: valid rows keep their bits", paths=("decode",)),
+            OpportunitySpec("chunked_full_pipeline", "With K_CHUNK > 0 the full path paid 25-35% (runtime outer "
+                            "loop, measured before the chunks were unrolled): keep every chunk's K loop pipelined, "
+                            "e.g. one flat loop folding the accumulator at chunk boundaries (joint only if the fold "
+                            "order changes)", paths=("full",), knobs=("K_CHUNK", "FULL_NUM_STAGES")),
+            OpportunitySpec("k_step", "Retune the K step of every dot (joint: changes the accumulation order)",
+                            knobs=("BLOCK_K",)),
+            OpportunitySpec("full_tile", "Larger wgmma tiles and deeper pipelining for compute-bound prefill "
+                            "GEMMs", paths=("full",),
+                            knobs=("FULL_BLOCK_M", "FULL_BLOCK_N", "FULL_NUM_WARPS", "FULL_NUM_STAGES",
+                                   "FULL_USE_TMA")),
+            OpportunitySpec("full_l2_grouping", "Group row tiles so W tiles are reused from L2", paths=("full",),
+                            knobs=("FULL_GROUP_M",)),
+            OpportunitySpec("decode_tile", "Decode is memory-bound on W: narrow tiles to put more programs on the "
+                            "SMs, deep pipelining to keep loads in flight", paths=("decode",),
+                            knobs=("DECODE_BLOCK_M", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")),
+        ]
+
+    def check_cases(self, level: str) -> list[dict[str, Any]]:
+        if level == "small":
+            return [{"tokens": 37, "n": 96, "k": 160, "seqs": 5, "bias": False}]
+        return [
+            {"tokens": 37, "n": 96, "k": 160, "seqs": 5, "bias": False, "scale": 1.0},
+            {"tokens": 70, "n": 136, "k": 200, "seqs": 9, "bias": True, "scale": 4.0},
+            {"tokens": 67, "n": 80, "k": 1088, "seqs": 3, "bias": False, "scale": 0.05},
+        ]
+
+    def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
+        tokens, n, k, seqs = case["tokens"], case["n"], case["k"], case["seqs"]
+        tag = f"T{tokens}xN{n}xK{k}/seed{seed}"
+        g = checks.generator(seed)
+        x = checks.randn((tokens, k), g, torch.bfloat16, device, case.get("scale", 1.0))
+        w = checks.randn((n, k), g, torch.bfloat16, device, k ** -0.5)
+        b = checks.randn((n,), g, torch.bfloat16, device) if case.get("bias") else None
+        ref = reference(x, w, b)
+        full, full32 = _outputs(tokens, n, device)
+        impl.linear_full(x, w, b, full, full32)
+        out = [checks.finite(f"full finite {tag}", full), checks.finite(f"full fp32 finite {tag}", full32),
+               checks.reference(f"full vs fp64 {tag}", full, ref),
+               checks.reference(f"full fp32 vs fp64 {tag}", full32, ref, tol=FP32_TOL)]
+        # Last token of each packed sequence, one row per sequence, as rollout decodes it.
+        bounds = torch.linspace(0, tokens, seqs + 1).round().long()[1:] - 1
+        dec, dec32 = _outputs(seqs, n, device)
+        impl.linear_decode(x[bounds].contiguous(), w, b, dec, dec32)
+        out += [checks.bitwise(f"decode == full rows (bf16) {tag}", dec, full[bounds]),
+                checks.bitwise(f"decode == full rows (fp32) {tag}", dec32, full32[bounds])]
+        one, one32 = _outputs(1, n, device)
+        impl.linear_decode(x[bounds[-1:]].contiguous(), w, b, one, one32)
+        out += [checks.bitwise(f"decode alone == in batch (bf16) {tag}", one, dec[-1:]),
+                checks.bitwise(f"decode alone == in batch (fp32) {tag}", one32, dec32[-1:])]
+        # Partition: a prompt-only prefill equals the prompt part of the whole pass.
+        p = int(bounds[0]) + 1
+        part, part32 = _outputs(p, n, device)
+        impl.linear_full(x[:p].contiguous(), w, b, part, part32)
+        out += [checks.bitwise(f"full prefix == full rows (bf16) {tag}", part, full[:p]),
+                checks.bitwise(f"full prefix == full rows (fp32) {tag}", part32, full32[:p])]
+        if hasattr(impl, "linear_backward"):
+            out += _backward_checks(impl, x, w, b, g, tag, device)
+        return out
+
+    def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
+        decode = workload["phase"] == "decode"
+        m = workload["batch"] if decode else workload["tokens"]
+        n, k = workload["n"], workload["k"]
+        fn = impl.linear_decode if decode else impl.linear_full
+        g = checks.generator(seed)
+        set_bytes = (m * k + n * k) * 2
+        # Rotate whole (x, W) sets: a real model's next layer has other weights, so L2 must not hold W.
+        copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, set_bytes)))
+        xs = [_randn_dev((m, k), seed * 31 + i, device) for i in range(copies)]
+        ws = [_randn_dev((n, k), seed * 31 + 100 + i, device, k ** -0.5) for i in range(copies)]
+        b = checks.randn((n,), g, torch.bfloat16, device) if workload.get("bias") else None
+        y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+        state = {"i": 0}
+
+        def run() -> None:
+            state["i"] = (state["i"] + 1) % copies
+            fn(xs[state["i"]], ws[state["i"]], b, y)
+
+        def verify() -> list[Check]:
+            fresh = _randn_dev((m, k), seed + 7919, device)
+            checks.poison(y)
+            fn(fresh, ws[0], b, y)
+            return [checks.finite("fresh inputs finite", y),
+                    checks.reference("fresh inputs vs fp64", y, reference(fresh, ws[0], b))]
+
+        return Bench(run=run, verify=verify, bytes_moved=set_bytes + m * n * 2, flops=2 * m * n * k,
+                     graph_friendly=decode or m * n * k < (1 << 28))
+
+
+def _backward_checks(impl: ModuleType, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
+                     g: torch.Generator, tag: str, device: str) -> list[Check]:
+    gy = checks.randn((x.shape[0], w.shape[0]), g, torch.bfloat16, device)
+    xd, wd = x.double().requires_grad_(), w.double().requires_grad_()
+    bd = b.double().requires_grad_() if b is not None else None
+    y = xd @ wd.t() + (bd if bd is not None else 0.0)
+    y.backward(gy.double())
+    gx = torch.empty_like(x)
+    gw = torch.empty_like(w)
+    gb = torch.empty(w.shape[0], dtype=torch.float32, device=device) if b is not None else None
+    impl.linear_backward(x, w, gy, gx, gw, gb)
+    out = [checks.reference(f"backward dX vs autograd fp64 {tag}", gx, xd.grad, tol=GRAD_TOL),
+           checks.reference(f"backward dW vs autograd fp64 {tag}", gw, wd.grad, tol=GRAD_TOL)]
+    if gb is not None:
+        out.append(checks.reference(f"backward db vs autograd fp64 {tag}", gb, bd.grad, tol=1e-4))
+    return out
+
+
+def _randn_dev(shape: tuple[int, ...], seed: int, device: str, scale: float = 1.0) -> torch.Tensor:
+    # Generated on the device: model-sized inputs would take seconds on the CPU.
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale).to(torch.bfloat16)
+
+
+def _outputs(rows: int, cols: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    y = torch.empty((rows, cols), dtype=torch.bfloat16, device=device)
+    y32 = torch.empty((rows, cols), dtype=torch.float32, device=device)
+    checks.poison(y, y32)
+    return y, y32

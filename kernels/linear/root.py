@@ -1,0 +1,227 @@
+"""Batch-invariant linear layer y = x @ W^T (+ bias): bf16 in/out, fp32 accumulation.
+
+Bitwise agreement between paths holds because every output element is produced by the same sequence of
+`tl.dot` steps: BLOCK_K is fixed (a contract knob), the K loop runs in ascending order from column 0, there is
+no split-K chosen by shape, no atomics, and one epilogue. `tl.dot` gives the same bits for any BLOCK_M /
+BLOCK_N / warps / stages (measured on Hopper), so those follow the path.
+
+An optional fixed K split (K_CHUNK, contract): K is cut into chunks of K_CHUNK columns at the same absolute
+boundaries for every M; each chunk starts from a zero accumulator and the chunk results are added to a zero
+total in ascending order by `_merge`. The full path does that inside one program; decode may run the chunks
+as parallel programs writing fp32 partials, merged by a second launch with the same `_merge` and epilogue.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+KNOBS = {
+    "BLOCK_K": 64,
+    "K_CHUNK": 0,
+    "FULL_BLOCK_M": 128,
+    "FULL_BLOCK_N": 128,
+    "FULL_GROUP_M": 8,
+    "FULL_NUM_WARPS": 8,
+    "FULL_NUM_STAGES": 3,
+    "FULL_SPLIT_PARALLEL": False,
+    "FULL_USE_TMA": True,
+    "DECODE_BLOCK_M": 64,
+    "DECODE_BLOCK_N": 64,
+    "DECODE_GROUP_M": 1,
+    "DECODE_NUM_WARPS": 4,
+    "DECODE_NUM_STAGES": 4,
+    "DECODE_SPLIT_PARALLEL": True,
+    "DECODE_USE_TMA": True,
+}
+
+
+@triton.jit
+def _k_range(x_ptr, w_ptr, offs_m, offs_n, off_m, off_n, M, N, K, k_lo, k_hi, sxm, sxk, swn, swk,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+             USE_TMA: tl.constexpr):
+    # One accumulator from zero over columns [k_lo, k_hi) in BLOCK_K steps, ascending: the contract. The
+    # tile loads (pointers or TMA descriptors, zero-filled past K either way) do not change the dot's bits.
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if USE_TMA:
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[sxm, 1], block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[swn, 1], block_shape=[BLOCK_N, BLOCK_K])
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            a = x_desc.load([off_m, k0])
+            b = w_desc.load([off_n, k0])
+            acc = tl.dot(a, b.T, acc)
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            kk = k0 + offs_k
+            a_ptrs = x_ptr + offs_m[:, None] * sxm + kk[None, :] * sxk
+            b_ptrs = w_ptr + offs_n[None, :] * swn + kk[:, None] * swk
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=kk[None, :] < k_hi, other=0.0)
+                b = tl.load(b_ptrs, mask=kk[:, None] < k_hi, other=0.0)
+            acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _merge(total, part):
+    # Chunk results join a zero-initialised total in ascending chunk order, in every path.
+    return total + part
+
+
+@triton.jit
+def _epilogue(total, b_ptr, offs_n, n_mask, HAS_BIAS: tl.constexpr):
+    y = total
+    if HAS_BIAS:
+        y = y + tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
+def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+    # Grouped ordering so consecutive programs share W tiles in L2 (schedule only).
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    group = pid // per_group
+    first_m = group * GROUP_M
+    size_m = min(num_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % per_group) % size_m)
+    pid_n = (pid % per_group) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit(do_not_specialize=["M"])  # one compiled kernel for every M (M == 1 is not special)
+def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn,
+                   K_CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr):
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    # Out-of-range rows/cols read valid memory (wrapped) and are never stored: no M/N masks in the K loop.
+    offs_m = rows % M
+    offs_n = cols % N
+    if K_CHUNK == 0:
+        total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
+                       _k_range(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, 0, K,
+                                sxm, sxk, swn, swk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA))
+    else:
+        # Unrolled over the chunks (N_CHUNKS depends on K only) so each chunk's K loop is pipelined on its own;
+        # a runtime outer loop measured 25% slower even with one chunk.
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for c in tl.static_range(N_CHUNKS):
+            k_lo = c * K_CHUNK
+            k_hi = min(k_lo + K_CHUNK, K)
+            total = _merge(total, _k_range(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                                           M, N, K, k_lo, k_hi, sxm, sxk, swn, swk,
+                                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA))
+    n_mask = cols < N
+    y = _epilogue(total, b_ptr, cols, n_mask, HAS_BIAS)
+    mask = (rows[:, None] < M) & n_mask[None, :]
+    tl.store(y_ptr + rows[:, None] * sym + cols[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if WRITE32:
+        tl.store(y32_ptr + rows[:, None] * N + cols[None, :], y, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _linear_chunk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, sxm, sxk, swn, swk,
+                         K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+                         USE_TMA: tl.constexpr):
+    # One K chunk of one tile: the same _k_range call as the full path's chunk loop, stored as fp32.
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    chunk = tl.program_id(1)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = rows % M
+    offs_n = cols % N
+    k_lo = chunk * K_CHUNK
+    k_hi = min(k_lo + K_CHUNK, K)
+    part = _k_range(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, k_lo, k_hi,
+                    sxm, sxk, swn, swk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    tl.store(ws_ptr + chunk * M * N + rows[:, None] * N + cols[None, :], part, mask=mask)
+
+
+@triton.jit
+def _linear_merge_kernel(ws_ptr, b_ptr, y_ptr, y32_ptr, M, N, n_chunks, sym, syn,
+                         HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    rows = offs // N
+    cols = offs % N
+    total = tl.zeros([BLOCK], dtype=tl.float32)
+    for c in range(n_chunks):
+        total = _merge(total, tl.load(ws_ptr + c * M * N + offs, mask=mask, other=0.0))
+    y = _epilogue(total, b_ptr, cols, mask, HAS_BIAS)
+    tl.store(y_ptr + rows * sym + cols * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if WRITE32:
+        tl.store(y32_ptr + offs, y, mask=mask)
+
+
+def _tma_alloc(size, alignment, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _tma_ok(x, weight):
+    # TMA needs unit inner strides and 16-byte aligned rows; transposed views (the backward) use pointers.
+    ok = all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+             for t in (x, weight))
+    if ok and x.is_cuda:
+        triton.set_allocator(_tma_alloc)  # scratch for the in-kernel descriptors
+    return ok
+
+
+def _launch(x, weight, bias, out, out32, path):
+    """out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]); any strides (the backward passes transposes)."""
+    M, K = x.shape
+    N = weight.shape[0]
+    block_k, k_chunk = KNOBS["BLOCK_K"], KNOBS["K_CHUNK"]
+    bm, bn = KNOBS[path + "_BLOCK_M"], KNOBS[path + "_BLOCK_N"]
+    group_m, warps, stages = KNOBS[path + "_GROUP_M"], KNOBS[path + "_NUM_WARPS"], KNOBS[path + "_NUM_STAGES"]
+    has_bias, write32 = bias is not None, out32 is not None
+    b = bias if has_bias else out
+    even_k = K % block_k == 0 and k_chunk % block_k == 0
+    tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+    use_tma = KNOBS[path + "_USE_TMA"] and _tma_ok(x, weight)
+    n_chunks = triton.cdiv(K, k_chunk) if k_chunk else 1
+    if k_chunk and n_chunks > 1 and KNOBS[path + "_SPLIT_PARALLEL"]:
+        ws = torch.empty((n_chunks, M, N), dtype=torch.float32, device=x.device)
+        _linear_chunk_kernel[(tiles, n_chunks)](
+            x, weight, ws, M, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
+            K_CHUNK=k_chunk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=even_k,
+            USE_TMA=use_tma, num_warps=warps, num_stages=stages)
+        block = 1024
+        _linear_merge_kernel[(triton.cdiv(M * N, block),)](
+            ws, b, out, out32 if write32 else ws, M, N, n_chunks, out.stride(0), out.stride(1),
+            HAS_BIAS=has_bias, WRITE32=write32, BLOCK=block, num_warps=4)
+        return
+    _linear_kernel[(tiles,)](
+        x, weight, b, out, out32 if write32 else out, M, N, K,
+        x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
+        K_CHUNK=k_chunk, N_CHUNKS=n_chunks, HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
+        BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=even_k, USE_TMA=use_tma, num_warps=warps, num_stages=stages)
+
+
+def linear_full(x: torch.Tensor, weight: torch.Tensor, bias, out: torch.Tensor,
+                out32: torch.Tensor | None = None) -> None:
+    """Every token of a packed batch: x [tokens, K], weight [N, K], bias [N] or None -> out [tokens, N]."""
+    _launch(x, weight, bias, out, out32, "FULL")
+
+
+def linear_decode(x: torch.Tensor, weight: torch.Tensor, bias, out: torch.Tensor,
+                  out32: torch.Tensor | None = None) -> None:
+    """One token per sequence: x [batch, K]; same per-element numerics as linear_full."""
+    _launch(x, weight, bias, out, out32, "DECODE")
+
+
+def linear_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, grad_x: torch.Tensor,
+                    grad_weight: torch.Tensor, grad_bias: torch.Tensor | None = None) -> None:
+    """Gradients of y = x @ W^T + b through the same kernel on transposed views (checked by tolerance)."""
+    _launch(grad_out, weight.t(), None, grad_x, None, "FULL")  # dX = dY @ W
+    _launch(grad_out.t(), x.t(), None, grad_weight, None, "FULL")  # dW = dY^T @ X
+    if grad_bias is not None:
+        grad_bias.copy_(grad_out.float().sum(0))

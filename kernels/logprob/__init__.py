@@ -1,0 +1,3 @@
+from kernels.logprob.family import LogprobFamily
+
+FAMILY = LogprobFamily()

@@ -1,0 +1,3 @@
+from kernels.moe_routing.family import MoERoutingFamily
+
+FAMILY = MoERoutingFamily()

@@ -1,0 +1,143 @@
+"""MoE routing (softmax + top-k + renormalisation) family harness."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tik_evo import checks
+from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+
+FP32_TOL = 1e-5
+
+
+def reference(logits: torch.Tensor, top_k: int, renormalize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp64 softmax; a stable descending sort puts equal probabilities in ascending expert order."""
+    p = torch.softmax(logits.double(), -1)
+    vals, idx = torch.sort(p, dim=-1, descending=True, stable=True)
+    vals, idx = vals[:, :top_k], idx[:, :top_k]
+    if renormalize:
+        vals = vals / vals.sum(-1, keepdim=True)
+    return vals, idx.to(torch.int32)
+
+
+def equal_ids(name: str, a: torch.Tensor, b: torch.Tensor, kind: str = "consistency") -> Check:
+    if a.shape != b.shape:
+        return Check(name, False, kind, {"error": f"shape {tuple(a.shape)} vs {tuple(b.shape)}"})
+    diff = a.to(torch.int64) != b.to(torch.int64)
+    info: dict[str, Any] = {"elements": a.numel(), "mismatches": int(diff.sum())}
+    if info["mismatches"]:
+        info["first_mismatch"] = diff.nonzero()[0].tolist()
+    return Check(name, info["mismatches"] == 0, kind, info)
+
+
+class MoERoutingFamily(Family):
+    name = "moe_routing"
+    entry_points = ("moe_routing_full", "moe_routing_decode")
+    phases = ("full", "decode")
+    workload_params = {"full": ("tokens", "experts", "top_k"), "decode": ("batch", "experts", "top_k")}
+    knobs = (
+        Knob("BLOCK_T", (1, 2, 4, 8, 16, 32, 64), "contract",
+             "tokens per tile; with NUM_WARPS it fixes the tile layout and so the softmax row-sum order (joint)"),
+        Knob("NUM_WARPS", (1, 2, 4, 8), "contract", "warps per tile; changes the row-sum order (joint)"),
+        Knob("FULL_TILES_PER_PROGRAM", (1, 2, 4, 8), "full", "tiles looped over by one program in the full path"),
+        Knob("FULL_NUM_STAGES", (1, 2, 3), "full", "software pipelining depth of the full path"),
+        Knob("DECODE_TILES_PER_PROGRAM", (1, 2, 4), "decode", "tiles looped over by one program in decode"),
+        Knob("DECODE_NUM_STAGES", (1, 2, 3), "decode", "software pipelining depth of decode"),
+    )
+
+    def opportunities(self) -> list[OpportunitySpec]:
+        return [
+            OpportunitySpec("tile_shape", "More tokens per tile and fewer warps amortise the per-program cost of "
+                            "the 8 selection rounds over the expert axis (joint: changes the row-sum layout)",
+                            knobs=("BLOCK_T", "NUM_WARPS")),
+            OpportunitySpec("packed_topk_key", "Each of the top-k rounds does a max and a min-index reduction. "
+                            "Probabilities are >= 0, so their fp32 bits order like int32: pack (bits << 32) | "
+                            "(E - 1 - expert) into one int64 and take one max per round (exact; ties still go to the "
+                            "lower expert)"),
+            OpportunitySpec("full_persistent", "Loop several tiles per program so large batches launch fewer "
+                            "programs", paths=("full",), knobs=("FULL_TILES_PER_PROGRAM", "FULL_NUM_STAGES")),
+            OpportunitySpec("decode_schedule", "Tune the decode launch for 1-256 tokens", paths=("decode",),
+                            knobs=("DECODE_TILES_PER_PROGRAM", "DECODE_NUM_STAGES")),
+        ]
+
+    def check_cases(self, level: str) -> list[dict[str, Any]]:
+        if level == "small":
+            return [{"tokens": 37, "experts": 128, "top_k": 8, "seqs": 5}]
+        return [
+            {"tokens": 37, "experts": 128, "top_k": 8, "seqs": 5, "scale": 1.0},
+            {"tokens": 70, "experts": 128, "top_k": 8, "seqs": 9, "scale": 0.05},  # many bf16 ties
+            {"tokens": 19, "experts": 60, "top_k": 4, "seqs": 3, "scale": 4.0},
+            {"tokens": 23, "experts": 64, "top_k": 6, "seqs": 4, "scale": 2.0, "renormalize": False},
+        ]
+
+    def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
+        tokens, experts, top_k, seqs = case["tokens"], case["experts"], case["top_k"], case["seqs"]
+        renorm = case.get("renormalize", True)
+        tag = f"T{tokens}xE{experts}/top{top_k}/seed{seed}"
+        g = checks.generator(seed)
+        x = checks.randn((tokens, experts), g, torch.bfloat16, device, case.get("scale", 1.0))
+        x[0, : experts // 2] = x[0, experts // 2]  # an exact tie spanning the top-k
+        ref_w, ref_i = reference(x, top_k, renorm)
+        w, w32, ids = _outputs(tokens, top_k, device)
+        impl.moe_routing_full(x, w, ids, w32, renorm)
+        out = [checks.finite(f"full finite {tag}", w32),
+               checks.reference(f"full weights vs fp64 {tag}", w, ref_w),
+               checks.reference(f"full fp32 weights vs fp64 {tag}", w32, ref_w, tol=FP32_TOL),
+               equal_ids(f"full expert ids == fp64 stable top-k {tag}", ids, ref_i, kind="reference")]
+        bounds = torch.linspace(0, tokens, seqs + 1).round().long()[1:] - 1
+        dw, dw32, di = _outputs(seqs, top_k, device)
+        impl.moe_routing_decode(x[bounds].contiguous(), dw, di, dw32, renorm)
+        out += [checks.bitwise(f"decode == full rows (bf16) {tag}", dw, w[bounds]),
+                checks.bitwise(f"decode == full rows (fp32) {tag}", dw32, w32[bounds]),
+                equal_ids(f"decode == full rows (ids) {tag}", di, ids[bounds])]
+        ow, ow32, oi = _outputs(1, top_k, device)
+        impl.moe_routing_decode(x[bounds[-1:]].contiguous(), ow, oi, ow32, renorm)
+        out += [checks.bitwise(f"decode alone == in batch (bf16) {tag}", ow, dw[-1:]),
+                checks.bitwise(f"decode alone == in batch (fp32) {tag}", ow32, dw32[-1:]),
+                equal_ids(f"decode alone == in batch (ids) {tag}", oi, di[-1:])]
+        p = int(bounds[0]) + 1
+        pw, pw32, pi = _outputs(p, top_k, device)
+        impl.moe_routing_full(x[:p].contiguous(), pw, pi, pw32, renorm)
+        out += [checks.bitwise(f"full prefix == full rows (fp32) {tag}", pw32, w32[:p]),
+                equal_ids(f"full prefix == full rows (ids) {tag}", pi, ids[:p])]
+        return out
+
+    def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
+        decode = workload["phase"] == "decode"
+        rows = workload["batch"] if decode else workload["tokens"]
+        experts, top_k = workload["experts"], workload["top_k"]
+        fn = impl.moe_routing_decode if decode else impl.moe_routing_full
+        set_bytes = rows * experts * 2
+        copies = 1 if device == "cpu" else max(1, min(16, (256 << 20) // max(1, set_bytes)))
+        g = checks.generator(seed)
+        xs = [checks.randn((rows, experts), g, torch.bfloat16, device) for _ in range(copies)]
+        w, w32, ids = _outputs(rows, top_k, device)
+        state = {"i": 0}
+
+        def run() -> None:
+            state["i"] = (state["i"] + 1) % copies
+            fn(xs[state["i"]], w, ids, w32)
+
+        def verify() -> list[Check]:
+            fresh = checks.randn((rows, experts), checks.generator(seed + 7919), torch.bfloat16, device)
+            checks.poison(w, w32)
+            ids.fill_(-1)
+            fn(fresh, w, ids, w32)
+            ref_w, ref_i = reference(fresh, top_k)
+            return [checks.finite("fresh inputs finite", w32),
+                    checks.reference("fresh inputs vs fp64", w32, ref_w, tol=FP32_TOL),
+                    equal_ids("fresh inputs ids == fp64 stable top-k", ids, ref_i, kind="reference")]
+
+        return Bench(run=run, verify=verify, bytes_moved=set_bytes + rows * top_k * (2 + 4 + 4),
+                     graph_friendly=True)
+
+
+def _outputs(rows: int, top_k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    w = torch.empty((rows, top_k), dtype=torch.bfloat16, device=device)
+    w32 = torch.empty((rows, top_k), dtype=torch.float32, device=device)
+    ids = torch.full((rows, top_k), -1, dtype=torch.int32, device=device)
+    checks.poison(w, w32)
+    return w, w32, ids

@@ -1,0 +1,93 @@
+"""linear family under TRITON_INTERPRET=1 on the CPU: consistency structure, knob variants, backward, a caught
+mismatch. The interpreter's dot is exact (tik_evo.interp), so a different K order in one path shows up."""
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tik_evo import interp  # noqa: E402
+from tik_evo.knobs import read_knobs, write_knobs  # noqa: E402
+
+interp.install()
+
+from kernels.linear import FAMILY  # noqa: E402
+
+_TMP = Path(tempfile.mkdtemp(prefix="tik_linear_"))
+
+
+def load(tag="root", source_edit=None, **knobs):
+    src = FAMILY.root_source()
+    if knobs:
+        src = write_knobs(src, {**read_knobs(src), **knobs})
+    if source_edit:
+        src = source_edit(src)
+    path = _TMP / f"cand_{tag}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"tik_linear_{tag}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def failures(impl, seeds=(0,), cases=None):
+    out = []
+    for case in cases or FAMILY.check_cases("full"):
+        for seed in seeds:
+            out += [(c.name, c.kind, c.details) for c in FAMILY.run_checks(impl, case, seed, "cpu") if not c.passed]
+    return out
+
+
+def test_root_knobs_are_legal():
+    knobs = read_knobs(FAMILY.root_source())
+    assert set(knobs) == {k.name for k in FAMILY.knobs}
+    for k in FAMILY.knobs:
+        assert knobs[k.name] in k.values, k.name
+
+
+def test_root_passes_all_cases():
+    impl = load()
+    assert failures(impl) == []
+    assert failures(impl, seeds=(1,), cases=FAMILY.check_cases("small")) == []
+
+
+@pytest.mark.parametrize("knobs", [
+    {"K_CHUNK": 512, "DECODE_BLOCK_M": 16, "DECODE_BLOCK_N": 32, "DECODE_USE_TMA": False},
+    {"K_CHUNK": 512, "FULL_SPLIT_PARALLEL": True, "DECODE_SPLIT_PARALLEL": False, "FULL_BLOCK_M": 64,
+     "FULL_BLOCK_N": 256, "FULL_GROUP_M": 1},
+])
+def test_knob_variants_pass(knobs):
+    tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
+    assert failures(load(tag, **knobs)) == []
+
+
+def _hybrid(full, decode):
+    return SimpleNamespace(linear_full=full.linear_full, linear_decode=decode.linear_decode)
+
+
+@pytest.mark.parametrize("full_knobs,decode_knobs", [
+    ({"BLOCK_K": 64}, {"BLOCK_K": 32}),
+    ({"K_CHUNK": 0}, {"K_CHUNK": 512}),
+])
+def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
+    impl = _hybrid(load("mf", **full_knobs), load("md", **decode_knobs))
+    case = [c for c in FAMILY.check_cases("full") if c["k"] > 512]
+    bad = failures(impl, cases=case)
+    assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
+    assert all(kind == "consistency" for _, kind, _ in bad)
+
+
+def test_workloads_validate():
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parents[2] / "workloads" / "linear_models.yaml").read_text())
+    assert spec["family"] == "linear"
+    names = [w["name"] for w in spec["workloads"]]
+    assert len(names) == len(set(names))
+    for w in spec["workloads"]:
+        FAMILY.validate_workload(w)

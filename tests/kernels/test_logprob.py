@@ -1,0 +1,101 @@
+"""logprob family under TRITON_INTERPRET=1 on the CPU: consistency structure, knob variants, backward, a caught
+mismatch. The interpreter's dot is exact (tik_evo.interp), so a different vocabulary chunk in one path shows up."""
+
+import importlib.util
+import os
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from tik_evo import interp  # noqa: E402
+from tik_evo.knobs import read_knobs, write_knobs  # noqa: E402
+
+interp.install()
+
+from kernels.logprob import FAMILY  # noqa: E402
+
+_TMP = Path(tempfile.mkdtemp(prefix="tik_logprob_"))
+
+
+def load(tag="root", source_edit=None, **knobs):
+    src = FAMILY.root_source()
+    if knobs:
+        src = write_knobs(src, {**read_knobs(src), **knobs})
+    if source_edit:
+        src = source_edit(src)
+    path = _TMP / f"cand_{tag}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"tik_logprob_{tag}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def failures(impl, seeds=(0,), cases=None):
+    out = []
+    for case in cases or FAMILY.check_cases("full"):
+        for seed in seeds:
+            out += [(c.name, c.kind, c.details) for c in FAMILY.run_checks(impl, case, seed, "cpu") if not c.passed]
+    return out
+
+
+def test_root_knobs_are_legal():
+    knobs = read_knobs(FAMILY.root_source())
+    assert set(knobs) == {k.name for k in FAMILY.knobs}
+    for k in FAMILY.knobs:
+        assert knobs[k.name] in k.values, k.name
+
+
+def test_root_passes_all_cases():
+    impl = load()
+    assert failures(impl) == []
+    assert failures(impl, seeds=(1,), cases=FAMILY.check_cases("small")) == []
+
+
+@pytest.mark.parametrize("knobs", [
+    {"VOCAB_SPLIT": 8192, "VOCAB_CHUNK": 1024, "NUM_WARPS": 8, "DECODE_SPLIT_PARALLEL": True},
+    {"VOCAB_SPLIT": 8192, "VOCAB_CHUNK": 2048, "FULL_SPLIT_PARALLEL": True, "DECODE_SPLIT_PARALLEL": False},
+])
+def test_knob_variants_pass(knobs):
+    tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
+    assert failures(load(tag, **knobs)) == []
+
+
+def _hybrid(full, decode):
+    return SimpleNamespace(logprob_full=full.logprob_full, logprob_decode=decode.logprob_decode)
+
+
+@pytest.mark.parametrize("full_knobs,decode_knobs", [
+    ({"VOCAB_CHUNK": 2048}, {"VOCAB_CHUNK": 1024}),
+    ({"VOCAB_SPLIT": 0}, {"VOCAB_SPLIT": 2048}),
+])
+def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
+    impl = _hybrid(load("mf", **full_knobs), load("md", **decode_knobs))
+    case = [c for c in FAMILY.check_cases("full") if c["vocab"] > 4000]
+    bad = failures(impl, cases=case)
+    assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
+    assert all(kind == "consistency" for _, kind, _ in bad)
+
+
+def test_temperature_divides_in_both_paths():
+    # Multiplying by a reciprocal in one path is a mismatch the checks must catch.
+    edit = lambda s: s.replace("z = z / temperature", "z = z * (1.0 / temperature)")  # noqa: E731
+    impl = _hybrid(load("tf"), load("td", source_edit=edit))
+    case = [c for c in FAMILY.check_cases("full") if c["temperature"] != 1.0][:1]
+    bad = failures(impl, cases=case)
+    assert any(kind == "consistency" for _, kind, _ in bad), bad
+
+
+def test_workloads_validate():
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parents[2] / "workloads" / "logprob_models.yaml").read_text())
+    assert spec["family"] == "logprob"
+    names = [w["name"] for w in spec["workloads"]]
+    assert len(names) == len(set(names))
+    for w in spec["workloads"]:
+        FAMILY.validate_workload(w)
