@@ -5,6 +5,8 @@ numpy's float32 matmul rounds differently depending on the row count, so even a 
 prefill/decode mismatches. Products of bf16/fp16 values are exact in float64, so computing the dot in float64,
 rounding once to float32 and then adding the accumulator gives a result that no longer depends on the tile
 shape: CPU tests then catch real structural mismatches (a different BLOCK_N, another merge order) exactly.
+The interpreter also truncates fp32 -> bf16 casts where the GPU rounds to nearest even; that is fixed too, so
+CPU checks comparing with torch's bf16 rounding (e.g. a residual sum) are exact.
 Speed and bits on a GPU are a separate matter, measured there.
 """
 
@@ -53,4 +55,20 @@ def install() -> None:
         return interp.TensorHandle(result, d.dtype.scalar)
 
     interp.InterpreterBuilder.create_dot = create_dot
+    _install_bf16_rtne(interp)
     _installed = True
+
+
+def _install_bf16_rtne(interp) -> None:
+    # Triton 3.6's "rtne" cast rounds half up without carrying into the exponent; do what the GPU does.
+    original = interp._convert_float
+
+    def convert(data, in_ty, out_ty, rounding_mode):
+        if in_ty == interp.tl.float32 and out_ty == interp.tl.bfloat16:
+            b = np.frombuffer(np.ascontiguousarray(data).tobytes(), dtype=np.uint32).astype(np.uint64)
+            r = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+            r = np.where((b & 0x7FFFFFFF) > 0x7F800000, ((b >> 16) | 0x40).astype(np.uint16), r)  # keep NaN
+            return r.reshape(np.shape(data))
+        return original(data, in_ty, out_ty, rounding_mode)
+
+    interp._convert_float = convert

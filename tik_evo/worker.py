@@ -6,26 +6,17 @@ evidence of the stages it passed. The parent (:mod:`tik_evo.audit`) enforces the
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
 import traceback
 from pathlib import Path
-from types import ModuleType
 from typing import Any
+
+from tik_evo.candidate import load_module
 
 # Triton raises these when a (legal) knob choice cannot be built or launched, e.g. out of shared memory.
 COMPILE_ERRORS = {"CompilationError", "OutOfResources", "CompileTimeAssertionFailure"}
-
-
-def _load(path: str, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 class Result:
@@ -82,8 +73,8 @@ def run(job: dict[str, Any]) -> None:
 
     t0 = time.time()
     try:
-        impl = _load(job["source_path"], "tik_candidate")
-        best = _load(job["best_path"], "tik_best") if job.get("best_path") else None
+        impl = load_module(job["source_path"], "tik_candidate")
+        best = load_module(job["best_path"], "tik_best") if job.get("best_path") else None
     except Exception:
         res.stage("import", False, t0, error=traceback.format_exc(limit=5), kind="import")
         return

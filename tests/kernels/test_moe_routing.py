@@ -1,9 +1,7 @@
 """moe_routing family under TRITON_INTERPRET=1 on the CPU: consistency structure, knob variants, backward, a caught
 mismatch. The interpreter's dot is exact (tik_evo.interp), so a different division or tie rule in one path shows up."""
 
-import importlib.util
 import os
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,35 +10,15 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from tik_evo import interp  # noqa: E402
-from tik_evo.knobs import read_knobs, write_knobs  # noqa: E402
+from tik_evo.knobs import read_knobs  # noqa: E402
 
 interp.install()
 
+import _family  # noqa: E402
+
 from kernels.moe_routing import FAMILY  # noqa: E402
 
-_TMP = Path(tempfile.mkdtemp(prefix="tik_moe_routing_"))
-
-
-def load(tag="root", source_edit=None, **knobs):
-    src = FAMILY.root_source()
-    if knobs:
-        src = write_knobs(src, {**read_knobs(src), **knobs})
-    if source_edit:
-        src = source_edit(src)
-    path = _TMP / f"cand_{tag}.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location(f"tik_moe_routing_{tag}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def failures(impl, seeds=(0,), cases=None):
-    out = []
-    for case in cases or FAMILY.check_cases("full"):
-        for seed in seeds:
-            out += [(c.name, c.kind, c.details) for c in FAMILY.run_checks(impl, case, seed, "cpu") if not c.passed]
-    return out
+load, failures = _family.loader(FAMILY)
 
 
 def test_root_knobs_are_legal():

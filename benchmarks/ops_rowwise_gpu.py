@@ -1,0 +1,492 @@
+"""GPU benchmark of the row-wise and elementwise families (add_rmsnorm, qk_rmsnorm, rope, silu_mul, kv_append,
+embedding): each family's root against torch eager, torch.compile and Liger-Kernel where Liger has the op;
+bitwise path consistency at model shapes (the families' own checks, run on the GPU); achieved bandwidth
+against a device-to-device copy ceiling measured in the same run. Writes JSON to --out; prints a table last.
+
+    PYTHONPATH=$PWD python3 benchmarks/ops_rowwise_gpu.py [--families a,b] [--out DIR] [--all-workloads]
+
+Full-sequence workloads are timed with triton.testing.do_bench (median); decode workloads as CUDA-graph
+replays of 20 launches (per-launch median), peers the same way (torch.compile: full workloads only).
+Imports only torch/triton/numpy/yaml + tik_evo.family/checks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+if "--dry-run" in sys.argv:  # the interpreter must be chosen before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+import yaml  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tik_evo import checks  # noqa: E402
+
+FAMILIES = ("add_rmsnorm", "silu_mul", "rope", "qk_rmsnorm", "embedding", "kv_append")
+EPS = 1e-6
+GRAPH_CALLS = 20
+DEVICE = "cuda"  # "cpu" (with --dry-run) exercises every code path under TRITON_INTERPRET=1
+WORKLOADS = "_models"  # workloads/<family><WORKLOADS>.yaml
+BUDGET = {"deadline": float("inf")}  # wall-clock guard: past it, skip torch.compile and remaining peers
+
+# Timed workloads per family (names from workloads/<family>_models.yaml): the largest full pass, a small one,
+# and decode at batch 1 and 256. --all-workloads times every entry.
+SELECT = {
+    "add_rmsnorm": ("llama-3.1-8b.full.T32768", "qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B1",
+                    "qwen3-4b.decode.B256"),
+    "qk_rmsnorm": ("qwen3-4b.full.T32768", "qwen3-30b-a3b.full.T4096", "qwen3-4b.decode.B1", "qwen3-4b.decode.B256"),
+    "rope": ("llama-3.1-8b.full.T32768", "qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B1", "qwen3-4b.decode.B256"),
+    "silu_mul": ("llama-3.1-8b.full.T32768", "qwen3-30b-a3b.full.T4096", "qwen3-4b.decode.B1",
+                 "qwen3-4b.decode.B256"),
+    "kv_append": ("llama-3.1-8b.full.T32768", "qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B1",
+                  "qwen3-4b.decode.B256"),
+    "embedding": ("llama-3.1-8b.full.T32768", "qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B1",
+                  "qwen3-4b.decode.B256"),
+}
+
+# GPU consistency cases at model shapes (token counts not multiples of any block), on top of check_cases("full").
+GPU_CASES = {
+    "add_rmsnorm": [{"tokens": 4099, "hidden": 4096, "seqs": 7}, {"tokens": 1029, "hidden": 1536, "seqs": 5,
+                                                                  "scale": 30.0},
+                    {"tokens": 2053, "hidden": 2560, "seqs": 256}],
+    "qk_rmsnorm": [{"tokens": 2051, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "seqs": 6},
+                   {"tokens": 1001, "q_heads": 32, "kv_heads": 4, "head_dim": 128, "seqs": 256}],
+    "rope": [{"lengths": [1000, 3001, 17, 77], "q_heads": 32, "kv_heads": 8, "head_dim": 128, "theta": 5e5,
+              "scaling": "llama3"},
+             {"lengths": [513, 2, 1029], "q_heads": 12, "kv_heads": 2, "head_dim": 128, "theta": 1e6,
+              "start": 28000}],
+    "silu_mul": [{"tokens": 1031, "intermediate": 14336, "seqs": 5}, {"tokens": 2000, "intermediate": 768,
+                                                                      "seqs": 256, "fused": True},
+                 {"tokens": 517, "intermediate": 8960, "seqs": 9, "scale": 8.0}],
+    "kv_append": [{"prompts": [1000, 513, 77], "answers": [5, 9, 3], "page_size": 16, "kv_heads": 8,
+                   "head_dim": 128},
+                  {"prompts": [301, 45], "answers": [4, 2], "page_size": 0, "kv_heads": 2, "head_dim": 128}],
+    "embedding": [{"tokens": 4099, "vocab": 151936, "hidden": 2560, "seqs": 9},
+                  {"tokens": 1000, "vocab": 128256, "hidden": 4096, "seqs": 256, "int64": True}],
+}
+
+
+# Knob sweep (--sweep): path-knob variants of each root timed on a few workloads, peers timed alongside.
+SWEEP = {
+    "silu_mul": (("qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [
+        {}, {"FULL_BLOCK_I": 2048, "DECODE_BLOCK_I": 2048},
+        {"FULL_BLOCK_I": 2048, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_I": 2048, "DECODE_NUM_WARPS": 8},
+        {"FULL_BLOCK_I": 4096, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_I": 4096, "DECODE_NUM_WARPS": 8},
+        {"FULL_BLOCK_I": 4096, "FULL_NUM_WARPS": 16, "DECODE_BLOCK_I": 4096, "DECODE_NUM_WARPS": 16}]),
+    "rope": (("qwen3-4b.decode.B1", "qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [
+        {}, {"DECODE_NUM_WARPS": 8, "FULL_NUM_WARPS": 8}, {"DECODE_NUM_WARPS": 2, "FULL_NUM_WARPS": 2}]),
+    "add_rmsnorm": (("qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B256"), [
+        {}, {"FULL_ROWS_PER_PROGRAM": 2, "DECODE_ROWS_PER_PROGRAM": 2},
+        {"FULL_NUM_STAGES": 2, "DECODE_NUM_STAGES": 2}, {"NUM_WARPS": 4}]),
+    "embedding": (("qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [
+        {}, {"FULL_BLOCK_H": 2048, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_H": 2048, "DECODE_NUM_WARPS": 8},
+        {"FULL_BLOCK_H": 4096, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_H": 4096, "DECODE_NUM_WARPS": 8},
+        {"FULL_ROWS_PER_PROGRAM": 4, "DECODE_ROWS_PER_PROGRAM": 4}]),
+}
+
+
+def load_variant(family: str, changes: dict):
+    import tempfile
+
+    from tik_evo.knobs import read_knobs, write_knobs
+
+    src = (ROOT / "kernels" / family / "root.py").read_text()
+    knobs = read_knobs(src)
+    knobs.update(changes)
+    path = Path(tempfile.mkdtemp()) / f"{family}_variant.py"
+    path.write_text(write_knobs(src, knobs))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def sweep(families, out_dir: Path) -> dict:
+    liger = load_liger()
+    result = {"meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                       "gpu": _device_name(), "torch": torch.__version__,
+                       "triton": triton.__version__, "liger": liger["version"] if liger else None},
+              "sweep": {}}
+    lines = []
+    for family in families:
+        if family not in SWEEP:
+            continue
+        names, variants = SWEEP[family]
+        fam = importlib.import_module(f"kernels.{family}").FAMILY
+        fam_mod = importlib.import_module(f"kernels.{family}.family")
+        wl = {w["name"]: w for w in yaml.safe_load((ROOT / "workloads" / f"{family}{WORKLOADS}.yaml").read_text())
+              ["workloads"]}
+        rows = []
+        peer_t = {}
+        for n in names:
+            timer = time_full if wl[n]["phase"] == "full" else time_graph
+            peer_t[n] = {k: timer(fn) for k, fn in peers(family, wl[n], liger, fam_mod).items()}
+        for changes in variants:
+            impl = load_variant(family, changes)
+            row = {"knobs": changes}
+            for n in names:
+                timer = time_full if wl[n]["phase"] == "full" else time_graph
+                b = fam.make_bench(impl, wl[n], 0, DEVICE)
+                row[n] = timer(b.run)
+                row[n + ".verify"] = all(c.passed for c in b.verify())
+                del b
+            rows.append(row)
+            cells = " ".join(f"{n.split('.', 1)[1]}={row[n]:.2f}({'/'.join(f'{k}:{v / row[n]:.2f}' for k, v in peer_t[n].items())})"
+                             for n in names)
+            lines.append(f"{family:<12}{json.dumps(changes):<60} {cells}")
+            print(lines[-1], flush=True)
+        result["sweep"][family] = {"peers_us": peer_t, "variants": rows}
+        (out_dir / "rowwise_sweep.json").write_text(json.dumps(result, indent=1, default=str))
+    print("\nsweep (us; peer time / variant time in brackets)")
+    print("\n".join(lines))
+    return result
+
+
+def load_root(family: str):
+    path = ROOT / "kernels" / family / "root.py"
+    spec = importlib.util.spec_from_file_location(f"root_{family}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_liger():
+    try:
+        import liger_kernel
+        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
+        from liger_kernel.ops.rms_norm import rms_norm_forward
+        from liger_kernel.ops.rope import rope_forward
+        from liger_kernel.ops.swiglu import swiglu_forward
+        version = getattr(liger_kernel, "__version__", None)
+        if version is None:
+            from importlib.metadata import version as _v
+            version = _v("liger-kernel")
+        return {"version": version, "rms_norm": rms_norm_forward, "fused_add": fused_add_rms_norm_forward,
+                "rope": rope_forward, "swiglu": swiglu_forward}
+    except Exception as e:  # noqa: BLE001
+        print(f"liger unavailable: {e!r}")
+        return None
+
+
+# ---------------------------------------------------------------- timing
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (interpreter dry run)"
+
+
+def _wall_us(fn, reps: int = 2) -> float:
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t) / reps * 1e6
+
+
+def time_full(fn) -> float:
+    if DEVICE != "cuda":
+        return _wall_us(fn)
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")) * 1e3  # us
+
+
+def time_graph(fn, calls: int = GRAPH_CALLS, reps: int = 30) -> float:
+    """Per-launch time of `calls` launches captured in one CUDA graph (median over replays)."""
+    if DEVICE != "cuda":
+        return _wall_us(fn)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_ceiling() -> dict:
+    n = 1 << 30 if DEVICE == "cuda" else 1 << 20  # 1 GiB of bf16 copied: 2 GiB moved
+    src = torch.randn(n // 2, device=DEVICE, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    us = time_full(lambda: dst.copy_(src))
+    src = dst = None
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    return {"bytes": 2 * n, "us": us, "GBps": 2 * n / us / 1e3}
+
+
+# ---------------------------------------------------------------- peers (eager torch, as HF models compute)
+def hf_rmsnorm(x, w, eps=EPS):
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rot_cos_sin(fam_mod, workload, pos):
+    cos, sin = fam_mod.rope_table(int(pos.max()) + 1, workload["head_dim"], workload["theta"],
+                                  workload.get("scaling"), DEVICE)
+    cos2 = torch.cat([cos, cos], -1)[pos.long()]  # HF layout: full head_dim, per token, gathered once per model
+    sin2 = torch.cat([sin, sin], -1)[pos.long()]
+    return cos2, sin2
+
+
+def peers(family: str, workload: dict, liger, fam_mod) -> dict:
+    """name -> zero-arg callable on rotated inputs of the workload's shape (outputs may be discarded)."""
+    full = workload["phase"] == "full"
+    T = workload["tokens"] if full else workload["batch"]
+    g = checks.generator(123)
+    rnd = lambda *shape, scale=1.0: checks.randn(shape, g, torch.bfloat16, DEVICE, scale)
+    out: dict = {}
+    if family == "add_rmsnorm":
+        H = workload["hidden"]
+        x, r, w = rnd(T, H), rnd(T, H), rnd(H, scale=0.5) + 1.0
+
+        def eager():
+            h = x + r
+            return hf_rmsnorm(h, w), h
+        out["torch"] = eager
+        if liger:
+            out["liger"] = lambda: liger["fused_add"](x, r, w, EPS, 0.0, "llama")
+    elif family == "qk_rmsnorm":
+        hq, hk, d = workload["q_heads"], workload["kv_heads"], workload["head_dim"]
+        q, k, qw, kw = rnd(T, hq, d), rnd(T, hk, d), rnd(d, scale=0.5) + 1.0, rnd(d, scale=0.5) + 1.0
+        out["torch"] = lambda: (hf_rmsnorm(q, qw), hf_rmsnorm(k, kw))
+        if liger:
+            def lig():
+                liger["rms_norm"](q.view(-1, d), qw, EPS, 0.0, "llama", None)
+                liger["rms_norm"](k.view(-1, d), kw, EPS, 0.0, "llama", None)
+            out["liger"] = lig
+    elif family == "rope":
+        hq, hk, d = workload["q_heads"], workload["kv_heads"], workload["head_dim"]
+        if full:
+            L = workload["seq_len"]
+            pos = fam_mod.packed_positions([L] * (T // L) + ([T % L] if T % L else [])).to(DEVICE)
+        else:
+            pos = torch.randint(0, workload["context"], (T,), generator=g).to(DEVICE)
+        cos2, sin2 = rot_cos_sin(fam_mod, workload, pos)
+        q, k = rnd(T, hq, d), rnd(T, hk, d)
+        cb, sb = cos2.to(torch.bfloat16)[:, None, :], sin2.to(torch.bfloat16)[:, None, :]
+        out["torch"] = lambda: (q * cb + rotate_half(q) * sb, k * cb + rotate_half(k) * sb)
+        if liger:
+            ql, kl = rnd(T, hq, d), rnd(T, hk, d)
+            c1, s1 = cos2[None], sin2[None]  # [1, T, head_dim] fp32, one row per packed token
+
+            def lig():
+                # Liger wants [batch, heads, seq, dim] views of [batch, seq, heads, dim] storage; rotates in place.
+                liger["rope"](ql[None].transpose(1, 2), kl[None].transpose(1, 2), c1, s1)
+            out["liger"] = lig
+    elif family == "silu_mul":
+        inter = workload["intermediate"]
+        a, b = rnd(T, inter), rnd(T, inter)
+        out["torch"] = lambda: F.silu(a) * b
+        if liger:
+            out["liger"] = lambda: liger["swiglu"](a, b)
+    elif family == "kv_append":
+        hk, d, page = workload["kv_heads"], workload["head_dim"], workload["page_size"]
+        n_slots = T * 2 + page
+        kc = torch.zeros((n_slots, hk * d), dtype=torch.bfloat16, device=DEVICE)
+        vc = torch.zeros_like(kc)
+        slots = torch.randperm(n_slots, generator=g)[:T].to(DEVICE)  # vLLM-style slot mapping, computed outside
+        k, v = rnd(T, hk * d), rnd(T, hk * d)
+
+        def eager():
+            kc[slots] = k
+            vc[slots] = v
+        out["torch"] = eager
+    elif family == "embedding":
+        V, H = workload["vocab"], workload["hidden"]
+        w = rnd(V, H)
+        ids = torch.randint(0, V, (T,), generator=g).to(DEVICE)
+        out["torch"] = lambda: F.embedding(ids, w)
+    return out
+
+
+# ---------------------------------------------------------------- run
+def gpu_consistency(family: str, fam, impl) -> dict:
+    cases = [("check_cases(full)", c) for c in fam.check_cases("full")] + [("model shape", c)
+                                                                         for c in GPU_CASES[family]]
+    n, failed = 0, []
+    for label, case in cases:
+        for seed in ((0,) if label.startswith("check_cases") else (0, 1)):
+            for c in fam.run_checks(impl, case, seed, DEVICE):
+                n += 1
+                if not c.passed:
+                    failed.append({"case": case, "label": label, **c.to_dict()})
+    return {"checks": n, "cases": len(cases), "failed": failed}
+
+
+def bench_family(family: str, liger, all_workloads: bool) -> dict:
+    fam = importlib.import_module(f"kernels.{family}").FAMILY
+    fam_mod = importlib.import_module(f"kernels.{family}.family")
+    impl = load_root(family)
+    res: dict = {"knobs": dict(impl.KNOBS)}
+    t0 = time.time()
+    res["consistency"] = gpu_consistency(family, fam, impl)
+    res["consistency_s"] = round(time.time() - t0, 1)
+    wl = yaml.safe_load((ROOT / "workloads" / f"{family}{WORKLOADS}.yaml").read_text())["workloads"]
+    chosen = wl if all_workloads else [w for w in wl if w["name"] in SELECT[family]]
+    rows = []
+    first_full = next((w["name"] for w in chosen if w["phase"] == "full"), None)
+    for w in chosen:
+        row = {"workload": w["name"], "phase": w["phase"]}
+        late = time.time() > BUDGET["deadline"]
+        try:
+            b = fam.make_bench(impl, w, 0, DEVICE)
+            timer = time_full if w["phase"] == "full" else time_graph
+            row["root_us"] = timer(b.run)
+            row["bytes"] = b.bytes_moved
+            row["root_GBps"] = b.bytes_moved / row["root_us"] / 1e3
+            vchecks = b.verify()
+            row["verify_passed"] = all(c.passed for c in vchecks)
+            if not row["verify_passed"]:
+                row["verify_failed"] = [c.to_dict() for c in vchecks if not c.passed]
+            del b
+            for name, fn in peers(family, w, liger, fam_mod).items():
+                if late and name != "torch":
+                    row[f"{name}_skipped"] = "time budget"
+                    continue
+                try:
+                    row[f"{name}_us"] = timer(fn)
+                except Exception as e:  # noqa: BLE001
+                    row[f"{name}_error"] = repr(e)[:300]
+                if name == "torch" and w["name"] == first_full and not late and DEVICE == "cuda":
+                    try:
+                        cfn = torch.compile(fn, dynamic=False)
+                        t1 = time.time()
+                        cfn()
+                        row["compile_s"] = round(time.time() - t1, 1)
+                        row["compile_us"] = time_full(cfn)
+                    except Exception as e:  # noqa: BLE001
+                        row["compile_error"] = repr(e)[:300]
+        except Exception as e:  # noqa: BLE001
+            row["error"] = traceback.format_exc()[-1500:]
+            print(f"{family} {w['name']}: {e!r}")
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+        rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+    res["workloads"] = rows
+    return res
+
+
+def run(families, out_dir: Path, all_workloads: bool = False, budget_s: float = 1e9) -> dict:
+    BUDGET["deadline"] = time.time() + budget_s
+    torch.manual_seed(0)
+    liger = load_liger()
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "gpu": _device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "cuda": torch.version.cuda if DEVICE == "cuda" else None, "liger": liger["version"] if liger else None,
+            "graph_calls": GRAPH_CALLS}
+    meta["copy"] = copy_ceiling()
+    print("meta", json.dumps(meta), flush=True)
+    result = {"meta": meta, "families": {}}
+    for fam in families:
+        t0 = time.time()
+        try:
+            result["families"][fam] = bench_family(fam, liger, all_workloads)
+        except Exception:  # noqa: BLE001
+            result["families"][fam] = {"error": traceback.format_exc()[-2000:]}
+        result["families"][fam]["wall_s"] = round(time.time() - t0, 1)
+        (out_dir / "rowwise.json").write_text(json.dumps(result, indent=1, default=str))
+    print_table(result)
+    return result
+
+
+def print_table(result: dict) -> None:
+    cp = result["meta"]["copy"]["GBps"]
+    print(f"\ncopy ceiling {cp:.0f} GB/s | {result['meta']['gpu']} torch {result['meta']['torch']} "
+          f"triton {result['meta']['triton']} liger {result['meta']['liger']}")
+    print(f"{'family':<12}{'workload':<28}{'root us':>9}{'%copy':>6}{'eager':>8}{'compile':>8}{'liger':>8}"
+          f"{'x eager':>8}{'x liger':>8} ok")
+    for fam, r in result["families"].items():
+        if "error" in r:
+            print(f"{fam:<12}ERROR {r['error'][-200:]}")
+            continue
+        cons = r["consistency"]
+        for w in r["workloads"]:
+            if "root_us" not in w:
+                print(f"{fam:<12}{w['workload']:<28} ERROR")
+                continue
+            f = lambda k, w=w: f"{w[k]:8.1f}" if k in w else f"{'-':>8}"
+            xe = w["torch_us"] / w["root_us"] if "torch_us" in w else float("nan")
+            xl = w["liger_us"] / w["root_us"] if "liger_us" in w else float("nan")
+            print(f"{fam:<12}{w['workload']:<28}{w['root_us']:9.1f}{100 * w['root_GBps'] / cp:6.0f}"
+                  f"{f('torch_us')}{f('compile_us')}{f('liger_us')}{xe:8.2f}{xl:8.2f} "
+                  f"{'Y' if w.get('verify_passed') else 'N'}")
+        print(f"{'':<12}bitwise/reference checks on GPU: {cons['checks'] - len(cons['failed'])}/{cons['checks']} "
+              f"passed ({r['consistency_s']} s)")
+
+
+def _dry_run_setup() -> None:
+    """CPU dry run: the interpreter, tiny workloads (all of each family's _cpu.yaml), tiny GPU cases."""
+    global DEVICE, WORKLOADS
+    from tik_evo import interp
+
+    interp.install()
+    DEVICE, WORKLOADS = "cpu", "_cpu"
+    for fam in FAMILIES:
+        names = tuple(w["name"] for w in yaml.safe_load((ROOT / "workloads" / f"{fam}_cpu.yaml").read_text())
+                      ["workloads"])
+        SELECT[fam] = names
+        GPU_CASES[fam] = []
+        if fam in SWEEP:
+            SWEEP[fam] = (names, SWEEP[fam][1][:2])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--families", default="")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--all-workloads", action="store_true")
+    ap.add_argument("--sweep", action="store_true", help="time the SWEEP knob variants instead")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU + TRITON_INTERPRET=1 over workloads/<family>_cpu.yaml: exercises the code, not speed")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="past this many seconds skip compile/Liger")
+    args = ap.parse_args(argv)
+    fams = [f for f in args.families.split(",") if f] or list(FAMILIES)
+    if args.dry_run:
+        _dry_run_setup()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.sweep:
+        sweep(fams, out)
+    else:
+        run(fams, out, args.all_workloads, args.budget_s)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,3 @@
+from kernels.add_rmsnorm.family import AddRMSNormFamily
+
+FAMILY = AddRMSNormFamily()

@@ -1,0 +1,3 @@
+from kernels.embedding.family import EmbeddingFamily
+
+FAMILY = EmbeddingFamily()

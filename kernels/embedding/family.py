@@ -1,0 +1,99 @@
+"""Token-embedding gather family harness: inputs, exact checks, benches, knob space and opportunities."""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from tik_evo import checks
+from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+
+
+class EmbeddingFamily(Family):
+    name = "embedding"
+    entry_points = ("embedding_full", "embedding_decode")
+    phases = ("full", "decode")
+    workload_params = {"full": ("tokens", "vocab", "hidden"), "decode": ("batch", "vocab", "hidden")}
+    knobs = (
+        Knob("FULL_BLOCK_H", (256, 512, 1024, 2048, 4096), "full", "columns copied per step (full path)"),
+        Knob("FULL_ROWS_PER_PROGRAM", (1, 2, 4, 8), "full", "tokens per program (full path)"),
+        Knob("FULL_NUM_WARPS", (1, 2, 4, 8), "full", "warps per program (full path)"),
+        Knob("DECODE_BLOCK_H", (256, 512, 1024, 2048, 4096), "decode", "columns copied per step (decode)"),
+        Knob("DECODE_ROWS_PER_PROGRAM", (1, 2, 4), "decode", "tokens per program (decode)"),
+        Knob("DECODE_NUM_WARPS", (1, 2, 4, 8), "decode", "warps per program (decode)"),
+    )
+
+    def opportunities(self) -> list[OpportunitySpec]:
+        return [
+            OpportunitySpec("full_schedule", "Whole-row blocks and several tokens per program so the gather "
+                            "streams at copy bandwidth", paths=("full",),
+                            knobs=("FULL_BLOCK_H", "FULL_ROWS_PER_PROGRAM", "FULL_NUM_WARPS")),
+            OpportunitySpec("decode_schedule", "Decode (1-256 rows) is launch-bound: split a row across programs "
+                            "or pack rows", paths=("decode",),
+                            knobs=("DECODE_BLOCK_H", "DECODE_ROWS_PER_PROGRAM", "DECODE_NUM_WARPS")),
+            OpportunitySpec("fuse_first_norm", "Fuse the gather into the first layer's RMSNorm (the norm's "
+                            "reduction contract then applies to both paths)"),
+        ]
+
+    def check_cases(self, level: str) -> list[dict[str, Any]]:
+        if level == "small":
+            return [{"tokens": 21, "vocab": 1000, "hidden": 320, "seqs": 4}]
+        return [
+            {"tokens": 21, "vocab": 1000, "hidden": 320, "seqs": 4},
+            {"tokens": 50, "vocab": 5003, "hidden": 1536, "seqs": 7, "int64": True},
+            {"tokens": 9, "vocab": 77, "hidden": 2500, "seqs": 3},
+        ]
+
+    def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
+        T, V, H, seqs = case["tokens"], case["vocab"], case["hidden"], case["seqs"]
+        tag = f"T{T}xV{V}xH{H}/seed{seed}"
+        g = checks.generator(seed)
+        w = checks.randn((V, H), g, torch.bfloat16, device)
+        ids = torch.randint(0, V, (T,), generator=g)
+        ids[0], ids[-1] = 0, V - 1  # vocabulary edges
+        ids = ids.to(torch.int64 if case.get("int64") else torch.int32).to(device)
+        full = _output(T, H, device)
+        impl.embedding_full(ids, w, full)
+        ref = w[ids.long()]
+        out = [checks.finite(f"full finite {tag}", full), checks.bitwise(f"full == weight[ids] {tag}", full, ref)]
+        bounds = torch.linspace(0, T, seqs + 1).round().long()[1:] - 1
+        dec = _output(seqs, H, device)
+        impl.embedding_decode(ids[bounds.to(device)].contiguous(), w, dec)
+        out.append(checks.bitwise(f"decode == full rows {tag}", dec, full[bounds]))
+        one = _output(1, H, device)
+        impl.embedding_decode(ids[-1:].contiguous(), w, one)
+        out.append(checks.bitwise(f"decode alone == full row {tag}", one, full[-1:]))
+        return out
+
+    def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
+        full = workload["phase"] == "full"
+        T = workload["tokens"] if full else workload["batch"]
+        V, H = workload["vocab"], workload["hidden"]
+        fn = impl.embedding_full if full else impl.embedding_decode
+        g = checks.generator(seed)
+        w = checks.randn((V, H), g, torch.bfloat16, device)
+        copies = 1 if device == "cpu" else 8
+        idss = [torch.randint(0, V, (T,), generator=g, dtype=torch.int64).to(device) for _ in range(copies)]
+        y = torch.empty((T, H), dtype=torch.bfloat16, device=device)
+        state = {"i": 0}
+
+        def run() -> None:
+            state["i"] = (state["i"] + 1) % copies
+            fn(idss[state["i"]], w, y)
+
+        def verify() -> list[Check]:
+            ids = torch.randint(0, V, (T,), generator=checks.generator(seed + 7919), dtype=torch.int64).to(device)
+            checks.poison(y)
+            fn(ids, w, y)
+            return [checks.finite("fresh inputs finite", y), checks.bitwise("fresh == weight[ids]", y, w[ids])]
+
+        return Bench(run=run, verify=verify, bytes_moved=T * H * 2 * 2 + T * 8,
+                     graph_friendly=not full or T * H < (1 << 20))
+
+
+def _output(rows: int, hidden: int, device: str) -> torch.Tensor:
+    y = torch.empty((rows, hidden), dtype=torch.bfloat16, device=device)
+    checks.poison(y)
+    return y

@@ -1,0 +1,3 @@
+from kernels.kv_append.family import KVAppendFamily
+
+FAMILY = KVAppendFamily()

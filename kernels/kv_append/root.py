@@ -1,0 +1,88 @@
+"""Unified KV-cache append: write new K/V rows into a paged cache at per-sequence absolute positions.
+
+The cache is [num_pages, page_size, kv_heads, head_dim] for K and for V (a contiguous per-sequence cache
+is the special case of one page per sequence, page_size = max length). A token at absolute position p
+of sequence b goes to page block_table[b, p // page_size], row p % page_size. Both entry points call one
+@triton.jit row copy, so the cache bytes are identical whichever path wrote a token; the copy is exact
+(cache dtype = activation dtype). The full path writes a packed prompt (sequence b's tokens
+cu_seqlens[b]:cu_seqlens[b+1] at positions start_pos[b]...); decode writes one token per sequence.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+KNOBS = {
+    "FULL_TOKENS_PER_PROGRAM": 8,
+    "FULL_NUM_WARPS": 4,
+    "DECODE_TOKENS_PER_PROGRAM": 1,
+    "DECODE_NUM_WARPS": 4,
+}
+
+
+@triton.jit
+def _append_tile(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, src_rows, seqs, pos, valid, bt_stride, page_size, W,
+                 BLOCK_W: tl.constexpr):
+    # A tile of tokens: each token's K and V (kv_heads * head_dim contiguous values) into its cache slot.
+    page = tl.load(bt_ptr + seqs * bt_stride + pos // page_size, mask=valid, other=0).to(tl.int64)
+    slot = page * page_size + pos % page_size
+    cols = tl.arange(0, BLOCK_W)
+    for off in range(0, W, BLOCK_W):
+        c = off + cols
+        m = valid[:, None] & (c < W)[None, :]
+        src = src_rows[:, None] * W + c[None, :]
+        dst = slot[:, None] * W + c[None, :]
+        tl.store(kc_ptr + dst, tl.load(k_ptr + src, mask=m), mask=m)
+        tl.store(vc_ptr + dst, tl.load(v_ptr + src, mask=m), mask=m)
+
+
+@triton.jit
+def _append_full_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, start_ptr, bt_stride, page_size, W,
+                        TOKENS_PER_PROGRAM: tl.constexpr, BLOCK_W: tl.constexpr):
+    seq = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * TOKENS_PER_PROGRAM + tl.arange(0, TOKENS_PER_PROGRAM).to(tl.int64)
+    lo = tl.load(cu_ptr + seq).to(tl.int64)
+    n = tl.load(cu_ptr + seq + 1).to(tl.int64) - lo
+    start = tl.load(start_ptr + seq).to(tl.int64)
+    _append_tile(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, lo + t, seq + 0 * t, start + t, t < n, bt_stride,
+                 page_size, W, BLOCK_W)
+
+
+@triton.jit
+def _append_decode_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, pos_ptr, n_seqs, bt_stride, page_size, W,
+                          TOKENS_PER_PROGRAM: tl.constexpr, BLOCK_W: tl.constexpr):
+    seqs = tl.program_id(0) * TOKENS_PER_PROGRAM + tl.arange(0, TOKENS_PER_PROGRAM).to(tl.int64)
+    valid = seqs < n_seqs
+    pos = tl.load(pos_ptr + seqs, mask=valid, other=0).to(tl.int64)
+    _append_tile(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, seqs, seqs, pos, valid, bt_stride, page_size, W, BLOCK_W)
+
+
+def _block_w(width: int) -> int:
+    return min(triton.next_power_of_2(width), 1024)
+
+
+def kv_append_full(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                   block_table: torch.Tensor, cu_seqlens: torch.Tensor, start_pos: torch.Tensor,
+                   max_seqlen: int) -> None:
+    """Packed prompt: k, v [tokens, kv_heads, head_dim]; sequence b's tokens cu_seqlens[b]:cu_seqlens[b+1]
+    go to absolute positions start_pos[b], start_pos[b]+1, ...; block_table [batch, max_pages] (int32)."""
+    n_seqs = cu_seqlens.numel() - 1
+    page_size = k_cache.shape[1]
+    W = k_cache.shape[2] * k_cache.shape[3]
+    tpp = KNOBS["FULL_TOKENS_PER_PROGRAM"]
+    grid = (n_seqs, triton.cdiv(max(max_seqlen, 1), tpp))
+    _append_full_kernel[grid](k, v, k_cache, v_cache, block_table, cu_seqlens, start_pos, block_table.stride(0),
+                              page_size, W, TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W),
+                              num_warps=KNOBS["FULL_NUM_WARPS"])
+
+
+def kv_append_decode(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_table: torch.Tensor, positions: torch.Tensor) -> None:
+    """One token per sequence: k, v [batch, kv_heads, head_dim] to absolute positions[b] of sequence b."""
+    n_seqs = k.shape[0]
+    page_size = k_cache.shape[1]
+    W = k_cache.shape[2] * k_cache.shape[3]
+    tpp = KNOBS["DECODE_TOKENS_PER_PROGRAM"]
+    _append_decode_kernel[(triton.cdiv(n_seqs, tpp),)](
+        k, v, k_cache, v_cache, block_table, positions, n_seqs, block_table.stride(0), page_size, W,
+        TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W), num_warps=KNOBS["DECODE_NUM_WARPS"])

@@ -1,0 +1,3 @@
+from kernels.qk_rmsnorm.family import QKRMSNormFamily
+
+FAMILY = QKRMSNormFamily()

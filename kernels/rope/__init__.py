@@ -1,0 +1,3 @@
+from kernels.rope.family import RoPEFamily
+
+FAMILY = RoPEFamily()

@@ -1,0 +1,3 @@
+from kernels.silu_mul.family import SiluMulFamily
+
+FAMILY = SiluMulFamily()

@@ -1,0 +1,90 @@
+"""Unified SwiGLU activation: out = silu(gate) * up (bf16 in/out, fp32 math).
+
+Both entry points call one @triton.jit helper for the per-element arithmetic, so FMA contraction and the
+exp lowering are the same in both paths. By default silu(gate) is rounded to bf16 before the multiply,
+as the model's eager `F.silu(gate) * up` does in bf16. Tiling (rows per program, column block, warps,
+stages) is free per path: there is no reduction. gate and up may be strided views (e.g. the two halves of
+a fused gate_up projection) with unit column stride.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+KNOBS = {
+    "SILU_FORM": "div",
+    "ROUND_SILU": True,
+    "FULL_BLOCK_I": 1024,
+    "FULL_ROWS_PER_PROGRAM": 1,
+    "FULL_NUM_WARPS": 4,
+    "DECODE_BLOCK_I": 1024,
+    "DECODE_ROWS_PER_PROGRAM": 1,
+    "DECODE_NUM_WARPS": 4,
+}
+
+
+@triton.jit
+def _silu_mul(g, u, SILU_FORM: tl.constexpr, ROUND_SILU: tl.constexpr):
+    g = g.to(tl.float32)
+    if SILU_FORM == "div":  # torch's formula: x / (1 + exp(-x))
+        a = g / (1.0 + tl.exp(-g))
+    elif SILU_FORM == "exp2":
+        a = g / (1.0 + tl.exp2(-g * 1.4426950408889634))
+    else:  # "mul_sigmoid"
+        a = g * tl.sigmoid(g)
+    if ROUND_SILU:
+        a = a.to(tl.bfloat16).to(tl.float32)
+    return a * u.to(tl.float32)
+
+
+@triton.jit
+def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, y32_ptr, n_rows, I, g_stride, u_stride,
+                     ROWS_PER_PROGRAM: tl.constexpr, BLOCK_I: tl.constexpr, SILU_FORM: tl.constexpr,
+                     ROUND_SILU: tl.constexpr, WRITE32: tl.constexpr):
+    pid_r = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+    cmask = cols < I
+    for i in range(ROWS_PER_PROGRAM):
+        row = (pid_r * ROWS_PER_PROGRAM + i).to(tl.int64)
+        if row < n_rows:
+            g = tl.load(g_ptr + row * g_stride + cols, mask=cmask, other=0.0)
+            u = tl.load(u_ptr + row * u_stride + cols, mask=cmask, other=0.0)
+            y = _silu_mul(g, u, SILU_FORM, ROUND_SILU)
+            tl.store(y_ptr + row * I + cols, y.to(tl.bfloat16), mask=cmask)
+            if WRITE32:
+                tl.store(y32_ptr + row * I + cols, y, mask=cmask)
+
+
+def _launch(gate, up, out, out32, block, rows_per_program, num_warps):
+    n_rows, inter = gate.shape
+    write32 = out32 is not None
+    grid = (triton.cdiv(n_rows, rows_per_program), triton.cdiv(inter, block))
+    _silu_mul_kernel[grid](
+        gate, up, out, out32 if write32 else out, n_rows, inter, gate.stride(0), up.stride(0),
+        ROWS_PER_PROGRAM=rows_per_program, BLOCK_I=block, SILU_FORM=KNOBS["SILU_FORM"],
+        ROUND_SILU=KNOBS["ROUND_SILU"], WRITE32=write32, num_warps=num_warps,
+    )
+
+
+def silu_mul_full(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor,
+                  out32: torch.Tensor | None = None) -> None:
+    """All tokens of a packed batch: gate, up [tokens, intermediate] -> out (bf16), out32 (pre-cast fp32)."""
+    _launch(gate, up, out, out32, KNOBS["FULL_BLOCK_I"], KNOBS["FULL_ROWS_PER_PROGRAM"], KNOBS["FULL_NUM_WARPS"])
+
+
+def silu_mul_decode(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor,
+                    out32: torch.Tensor | None = None) -> None:
+    """One token per sequence: gate, up [batch, intermediate]; same per-element numerics as silu_mul_full."""
+    _launch(gate, up, out, out32, KNOBS["DECODE_BLOCK_I"], KNOBS["DECODE_ROWS_PER_PROGRAM"],
+            KNOBS["DECODE_NUM_WARPS"])
+
+
+def silu_mul_backward(gate: torch.Tensor, up: torch.Tensor, grad_out: torch.Tensor
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients for the policy update (fp32 math, not bit-matched): returns (grad_gate, grad_up)."""
+    g, u, dy = gate.float(), up.float(), grad_out.float()
+    sig = torch.sigmoid(g)
+    silu = g * sig
+    grad_up = dy * silu
+    grad_gate = dy * u * sig * (1.0 + g * (1.0 - sig))
+    return grad_gate.to(gate.dtype), grad_up.to(up.dtype)

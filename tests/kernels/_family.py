@@ -1,0 +1,84 @@
+"""Test helpers for kernel families (CPU, TRITON_INTERPRET=1).
+
+`tik_evo.interp.install()` makes the interpreter's dot exact and its fp32 -> bf16 casts round to nearest
+even like the GPU, so CPU checks that compare against torch's bf16 rounding are exact.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+from tik_evo import candidate
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def setup() -> None:
+    from tik_evo import interp
+
+    interp.install()
+
+
+def load_source(source: str, tag: str = "cand") -> ModuleType:
+    """Import a candidate source from a real file (Triton needs one)."""
+    return candidate.load_source(source, tag)
+
+
+def load_with_knobs(family, **changes) -> ModuleType:
+    from tik_evo.knobs import read_knobs, write_knobs
+
+    src = family.root_source()
+    knobs = read_knobs(src)
+    for k, v in changes.items():
+        assert k in knobs, k
+        assert v in family.knob(k).values, (k, v)
+    knobs.update(changes)
+    return load_source(write_knobs(src, knobs), family.name)
+
+
+def hybrid(family, decode_knobs: dict, full_knobs: dict | None = None) -> ModuleType:
+    """A deliberately mismatched candidate: the full path from one knob setting, decode from another."""
+    full = load_with_knobs(family, **(full_knobs or {}))
+    dec = load_with_knobs(family, **decode_knobs)
+    for ep in family.entry_points:
+        if ep.endswith("_decode"):
+            setattr(full, ep, getattr(dec, ep))
+    return full
+
+
+def failures(family, impl, level="full", seeds=(0,)):
+    bad = []
+    for case in family.check_cases(level):
+        for seed in seeds:
+            for c in family.run_checks(impl, case, seed, "cpu"):
+                if not c.passed:
+                    bad.append((c.name, c.kind, c.details))
+    return bad
+
+
+def family(name: str):
+    return importlib.import_module(f"kernels.{name}").FAMILY
+
+
+def loader(fam):
+    """`load(tag, source_edit, **knobs)` and `failures(impl, seeds, cases)` bound to one family."""
+    from tik_evo.knobs import read_knobs, write_knobs
+
+    def load(tag="root", source_edit=None, **knobs):
+        src = fam.root_source()
+        if knobs:
+            src = write_knobs(src, {**read_knobs(src), **knobs})
+        if source_edit:
+            src = source_edit(src)
+        return load_source(src, f"{fam.name}_{tag}")
+
+    def failures(impl, seeds=(0,), cases=None):
+        out = []
+        for case in cases or fam.check_cases("full"):
+            for seed in seeds:
+                out += [(c.name, c.kind, c.details) for c in fam.run_checks(impl, case, seed, "cpu") if not c.passed]
+        return out
+
+    return load, failures

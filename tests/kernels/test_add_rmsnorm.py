@@ -1,0 +1,34 @@
+"""add_rmsnorm family under TRITON_INTERPRET=1 on the CPU: consistency structure, knobs, a caught mismatch."""
+
+import _family as R
+import pytest
+
+R.setup()
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+FAM = R.family("add_rmsnorm")
+
+
+def test_root_passes_all_cases_two_seeds():
+    assert R.failures(FAM, R.load_with_knobs(FAM), seeds=(0, 1)) == []
+
+
+@pytest.mark.parametrize("knobs", [
+    {"BLOCK_H": 512, "NUM_WARPS": 4},
+    {"BLOCK_H": 1024, "FULL_ROWS_PER_PROGRAM": 4, "DECODE_ROWS_PER_PROGRAM": 2},
+    {"BLOCK_H": 0, "FULL_ROWS_PER_PROGRAM": 8, "FULL_NUM_STAGES": 2},
+])
+def test_knob_variants_pass(knobs):
+    assert R.failures(FAM, R.load_with_knobs(FAM, **knobs)) == []
+
+
+def test_contract_mismatch_is_caught():
+    # Full path reduces the whole row at once, decode in 512-wide chunks: row sums differ in the last bits.
+    bad = R.failures(FAM, R.hybrid(FAM, {"BLOCK_H": 512}, {"BLOCK_H": 0}))
+    assert any(kind == "consistency" and "decode" in name for name, kind, _ in bad)
+    assert not any(kind == "reference" for name, kind, _ in bad)
+
+
+def test_bench_runs_and_verifies():
+    b = FAM.make_bench(R.load_with_knobs(FAM), {"name": "t", "phase": "decode", "batch": 3, "hidden": 200}, 0, "cpu")
+    b.run()
+    assert all(c.passed for c in b.verify())

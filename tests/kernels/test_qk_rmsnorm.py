@@ -1,0 +1,33 @@
+"""qk_rmsnorm family under TRITON_INTERPRET=1 on the CPU: consistency structure, knobs, a caught mismatch."""
+
+import _family as R
+import pytest
+
+R.setup()
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+FAM = R.family("qk_rmsnorm")
+
+
+def test_root_passes_all_cases_two_seeds():
+    assert R.failures(FAM, R.load_with_knobs(FAM), seeds=(0, 1)) == []
+
+
+@pytest.mark.parametrize("knobs", [
+    {"HEADS_PER_TILE": 4, "NUM_WARPS": 2},
+    {"HEADS_PER_TILE": 32, "FULL_TILES_PER_PROGRAM": 4, "DECODE_TILES_PER_PROGRAM": 2},
+    {"CAST_BEFORE_WEIGHT": True, "HEADS_PER_TILE": 2},
+])
+def test_knob_variants_pass(knobs):
+    assert R.failures(FAM, R.load_with_knobs(FAM, **knobs)) == []
+
+
+def test_contract_mismatch_is_caught():
+    bad = R.failures(FAM, R.hybrid(FAM, {"CAST_BEFORE_WEIGHT": True}, {"CAST_BEFORE_WEIGHT": False}))
+    assert any(kind == "consistency" and "decode" in name and "fp32" in name for name, kind, _ in bad)
+
+
+def test_bench_runs_and_verifies():
+    w = {"name": "t", "phase": "full", "tokens": 5, "q_heads": 4, "kv_heads": 2, "head_dim": 128}
+    b = FAM.make_bench(R.load_with_knobs(FAM), w, 0, "cpu")
+    b.run()
+    assert all(c.passed for c in b.verify())

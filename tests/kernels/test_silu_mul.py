@@ -1,0 +1,33 @@
+"""silu_mul family under TRITON_INTERPRET=1 on the CPU: consistency structure, knobs, a caught mismatch."""
+
+import _family as R
+import pytest
+
+R.setup()
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+FAM = R.family("silu_mul")
+
+
+def test_root_passes_all_cases_two_seeds():
+    assert R.failures(FAM, R.load_with_knobs(FAM), seeds=(0, 1)) == []
+
+
+@pytest.mark.parametrize("knobs", [
+    {"FULL_BLOCK_I": 256, "FULL_ROWS_PER_PROGRAM": 4, "DECODE_BLOCK_I": 4096},
+    {"SILU_FORM": "exp2", "ROUND_SILU": False, "DECODE_ROWS_PER_PROGRAM": 2},
+    {"SILU_FORM": "mul_sigmoid", "FULL_NUM_WARPS": 8},
+])
+def test_knob_variants_pass(knobs):
+    assert R.failures(FAM, R.load_with_knobs(FAM, **knobs)) == []
+
+
+def test_contract_mismatch_is_caught():
+    bad = R.failures(FAM, R.hybrid(FAM, {"ROUND_SILU": True}, {"ROUND_SILU": False}))
+    assert any(kind == "consistency" and "decode" in name for name, kind, _ in bad)
+
+
+def test_bench_runs_and_verifies():
+    b = FAM.make_bench(R.load_with_knobs(FAM), {"name": "t", "phase": "full", "tokens": 5, "intermediate": 300},
+                       0, "cpu")
+    b.run()
+    assert all(c.passed for c in b.verify())
