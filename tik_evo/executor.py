@@ -17,6 +17,16 @@ import time
 from pathlib import Path
 
 
+def die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent dies, so a kill -9 of the engine leaves no audit running on."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the timeout still bounds every audit while the engine lives
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -29,6 +39,7 @@ class SpawnExecutor:
         self.env = env
 
     def run(self, job_path: Path, log_path: Path, timeout: float) -> tuple[int, bool]:
+        # The worker calls die_with_parent() itself: it is the parent's direct child.
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "tik_evo.worker", str(job_path)], env=self.env,
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -12,10 +12,12 @@ import triton  # noqa: F401
 import triton.language  # noqa: F401
 
 from tik_evo import worker
+from tik_evo.executor import die_with_parent
 
 
 def _child(job_path: str, log_path: str, proto: int) -> None:
     os.setsid()  # own process group: a timeout kills the job and anything it started
+    die_with_parent()  # the server dies with the engine, the job with the server
     os.close(proto)
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     null = os.open(os.devnull, os.O_RDONLY)
@@ -38,6 +40,7 @@ def _child(job_path: str, log_path: str, proto: int) -> None:
 
 
 def main() -> None:
+    die_with_parent()
     proto = os.dup(1)  # the protocol channel; fd 1 is redirected to each job's log in the child
     for line in sys.stdin.buffer:
         job_path, log_path = line.decode().rstrip("\n").split("\t")

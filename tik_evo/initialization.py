@@ -6,7 +6,6 @@ Search starts only from a root that compiles, passes every check and is fully me
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -14,8 +13,10 @@ from omegaconf import DictConfig
 from tik_evo.audit import AuditJob, run_audit
 from tik_evo.config import ConfigError, to_yaml
 from tik_evo.family import Family
+from tik_evo.knobs import knobs_or_none
 from tik_evo.records import BEST, FAILED, Audit, Implementation, Opportunity
 from tik_evo.store import Store, source_hash
+from tik_evo.timing import timer_of
 
 
 class InitError(RuntimeError):
@@ -76,7 +77,7 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
         txn.put_source(source)
         audit = Audit(uid, iid, out.stages, out.measurements, passed=out.passed, failure_kind=out.failure_kind,
                       failure=out.failure, device=out.device, seconds=out.seconds,
-                      timer=_timer(out.measurements))
+                      timer=timer_of(out.measurements))
         if not out.passed:
             txn.put(Implementation(iid, h, [], "root", FAILED, audit=uid, created=time.time()))
             txn.put(audit)
@@ -96,7 +97,7 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
         audit.objective, audit.admissible, audit.limits = t_root, True, {}
         txn.put(audit)
         txn.put(Implementation(iid, h, [], "root", BEST, audit=uid, created=time.time(),
-                               knobs=_knobs(source), objective=t_root))
+                               knobs=knobs_or_none(source), objective=t_root))
         st.update(root=iid, best=iid, frontier=[iid], root_objective=t_root, best_objective=t_root)
         st["sources"][h] = iid
         st["history"].append({"evaluation": 0, "impl": iid, "objective": t_root, "best": t_root, "promoted": True})
@@ -107,23 +108,5 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
                                 evidence=[uid], created=time.time()))
             st["pending_opportunities"].append(oid)
         st["budgets"]["wall_s"] += time.time() - t0
-        txn.event("init", f"root {iid} verified; T={t_root:.6g} ({_timer(out.measurements)})")
+        txn.event("init", f"root {iid} verified; T={t_root:.6g} ({timer_of(out.measurements)})")
     log(f"root verified in {time.time() - t0:.1f} s; T(root) = {t_root:.6g} s")
-
-
-def _timer(measurements: dict[str, Any]) -> str:
-    timers = sorted({m.get("timer", "") for m in measurements.values()})
-    return "+".join(timers)
-
-
-def _knobs(source: str) -> dict[str, Any] | None:
-    from tik_evo.knobs import KnobsError, read_knobs
-
-    try:
-        return read_knobs(source)
-    except KnobsError:
-        return None
-
-
-def default_run_dir(cfg: DictConfig) -> Path:
-    return Path(cfg.store.path)

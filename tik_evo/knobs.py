@@ -32,6 +32,14 @@ def read_knobs(source: str) -> dict[str, Any]:
         raise KnobsError(f"KNOBS must hold literals only: {e}") from e
 
 
+def knobs_or_none(source: str | None) -> dict[str, Any] | None:
+    """The KNOBS of a source, or None for sources without a readable one (e.g. an LLM rewrite)."""
+    try:
+        return read_knobs(source or "")
+    except KnobsError:
+        return None
+
+
 def write_knobs(source: str, knobs: dict[str, Any]) -> str:
     """Return ``source`` with the KNOBS literal replaced; every other line is kept byte for byte."""
     node = _knobs_node(source)

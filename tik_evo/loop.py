@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -14,10 +13,12 @@ from tik_evo import lineage
 from tik_evo.action import Actor, Choice
 from tik_evo.audit import AuditJob, AuditOutcome, run_audit, source_file
 from tik_evo.family import Family
+from tik_evo.knobs import knobs_or_none
 from tik_evo.operators.base import Proposal
 from tik_evo.records import Action, Audit, Implementation, Opportunity
 from tik_evo.scheduler import Scheduler, trial_value
 from tik_evo.store import Store, Txn, source_hash
+from tik_evo.timing import timer_of
 
 
 class Search:
@@ -148,13 +149,13 @@ class Search:
         verdict = lineage.judge(outcome.passed, outcome.measurements, outcome.best_retimed, st, self.cfg)
         audit = Audit(uid, iid, outcome.stages, outcome.measurements, outcome.best_retimed, verdict.objective,
                       verdict.best_objective, verdict.margin, outcome.passed, verdict.admissible, verdict.promoted,
-                      outcome.failure_kind, outcome.failure, verdict.limits, _timer(outcome), outcome.device,
+                      outcome.failure_kind, outcome.failure, verdict.limits, timer_of(outcome.measurements), outcome.device,
                       outcome.seconds)
         failed = audit.failure_kind is not None
         if outcome.passed and not verdict.admissible:
             st["failures_by_kind"]["over-limit"] = st["failures_by_kind"].get("over-limit", 0) + 1
         impl = Implementation(iid, h or "", [choice.parent, *proposal.parents], proposal.scope, "pending", aid, uid,
-                              _knobs(proposal.source), verdict.objective, time.time())
+                              knobs_or_none(proposal.source), verdict.objective, time.time())
         action.offspring, action.outcome = iid, "audited"
         txn.put(impl)
         txn.put(audit)
@@ -198,21 +199,3 @@ class Search:
                                 list(f.get("paths", ["full", "decode"])), list(f.get("knobs", [])),
                                 origin=f"audit:{audit_id}", evidence=[audit_id], created=time.time()))
             st["pending_opportunities"].append(oid)
-
-
-def _timer(outcome: AuditOutcome) -> str:
-    return "+".join(sorted({m.get("timer", "") for m in outcome.measurements.values()}))
-
-
-def _knobs(source: str | None) -> dict[str, Any] | None:
-    from tik_evo.knobs import KnobsError, read_knobs
-
-    try:
-        return read_knobs(source or "")
-    except KnobsError:
-        return None
-
-
-def open_run(run_dir: Path) -> tuple[Store, dict[str, Any]]:
-    store = Store.open_writer(run_dir)
-    return store, store.state()

@@ -60,3 +60,8 @@ def _cuda(bench: Bench, cfg: dict[str, Any]) -> dict[str, Any]:
         samples = do_bench(bench.run, warmup=float(cfg.get("warmup_ms", 25)), rep=rep_ms, return_mode="all")
         timer = "cuda-event"
     return _summary([s / 1e3 for s in samples], timer)
+
+
+def timer_of(measurements: dict[str, dict[str, Any]]) -> str:
+    """The timers behind a set of measurements, e.g. "cuda-event+cuda-graph"."""
+    return "+".join(sorted({m.get("timer", "") for m in measurements.values()}))

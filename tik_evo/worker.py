@@ -123,6 +123,9 @@ def run(job: dict[str, Any]) -> None:
 
 
 def main() -> None:
+    from tik_evo.executor import die_with_parent
+
+    die_with_parent()
     job = json.loads(Path(sys.argv[1]).read_text())
     run(job)
 

@@ -94,3 +94,44 @@ def test_static_scan_refuses_cheats(tmp_path):
 def test_missing_entry_point(tmp_path, missing):
     out = audit(tmp_path, ROOT_SRC.replace(f"def {missing}(", "def renamed("))
     assert out.failure_kind == "static" and missing in out.failure
+
+
+HANG_AUDIT = """
+import sys
+from pathlib import Path
+from tik_evo.audit import AuditJob, run_audit
+from tik_evo.families import load_family
+from tik_evo.store import source_hash
+
+family = load_family("rmsnorm")
+src = Path(sys.argv[2]).read_text()
+run_audit(Path(sys.argv[1]), AuditJob(family, src, source_hash(src), "I1", [], [0],
+          {"timeout_s": 600, "executor": sys.argv[3]}, "cpu", time=False))
+"""
+
+
+@pytest.mark.parametrize("executor", ["spawn", "forkserver"])
+def test_kill_9_of_the_engine_takes_the_audit_down(tmp_path, executor):
+    """A hanging audit must not outlive an engine killed with SIGKILL (its 600 s timeout never fires)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .helpers import ROOT
+    from .test_run import _audit_processes
+
+    (tmp_path / "hang.py").write_text(with_body("    while True:\n        pass\n"))
+    engine = subprocess.Popen([sys.executable, "-c", HANG_AUDIT, str(tmp_path), str(tmp_path / "hang.py"), executor],
+                              cwd=ROOT)
+    deadline = time.time() + 60
+    while not _audit_processes(tmp_path / "audits") and time.time() < deadline:
+        time.sleep(0.2)
+    assert _audit_processes(tmp_path / "audits"), "the audit never started"
+    time.sleep(1)
+    os.kill(engine.pid, signal.SIGKILL)
+    engine.wait()
+    deadline = time.time() + 15
+    while _audit_processes(tmp_path / "audits") and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _audit_processes(tmp_path / "audits")

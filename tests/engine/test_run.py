@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,18 @@ def _records(run_dir):
         mutable = {"status", "uses", "evidence"}
         return snap["state"], {r.id: json.dumps({k: v for k, v in r.__dict__.items() if k not in mutable},
                                                 sort_keys=True) for k in "IOAUD" for r in snap[k]}
+
+
+def _audit_processes(run_dir):
+    """Processes whose working directory is inside the run (audit workers run in RUN_DIR/audits/<impl>)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(proc / "cwd").startswith(str(run_dir)):
+                found.append(proc.name)
+        except OSError:
+            continue
+    return found
 
 
 def test_quickstart_end_to_end(tmp_path, capsys):
@@ -77,6 +90,10 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
     assert state.get("evaluations", 0) >= 1, "run made no progress"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    deadline = time.time() + 15  # the audit in flight dies with the engine (PR_SET_PDEATHSIG)
+    while _audit_processes(run) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _audit_processes(run)
     before_state, before = _records(run)
     assert before_state["finished"] is None
     target = before_state["evaluations"] + 2
