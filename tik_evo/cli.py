@@ -226,10 +226,17 @@ def cmd_export(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    try:
-        module = importlib.import_module(f"kernels.{args.family}.bench")
-    except ModuleNotFoundError as e:
-        raise ConfigError(f"family {args.family!r} has no benchmark (kernels/{args.family}/bench.py): {e}") from e
+    """`tik-evo bench attention` runs kernels/attention/bench.py; `tik-evo bench ops` the operator families."""
+    if args.family == "ops":
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+        module = importlib.import_module("ops_gpu")
+    else:
+        try:
+            module = importlib.import_module(f"kernels.{args.family}.bench")
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"family {args.family!r} has no benchmark of its own (kernels/{args.family}/bench.py);"
+                              f" operator families are benchmarked together: `tik-evo bench ops --families "
+                              f"{args.family}`") from e
     return int(module.main(args.rest) or 0)
 
 
