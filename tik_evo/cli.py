@@ -94,21 +94,33 @@ def _summary(store: Store, reason: str) -> None:
 
 
 def cmd_run(args) -> int:
+    cfg = load_campaign(args.campaign, args.overrides)
+    run_dir = Path(cfg.store.path)
+    if args.tui:
+        _refuse_existing(run_dir)
+        return _run_with_tui(args, run_dir)
+    run_campaign(cfg, args.quiet)
+    return 0
+
+
+def _refuse_existing(run_dir: Path) -> None:
+    if (run_dir / "ir.lmdb").exists():
+        raise ConfigError(f"key 'store.path': {run_dir} already holds a run; `tik-evo resume {run_dir}` continues "
+                          f"it, or pass store.path=<new dir>")
+
+
+def run_campaign(cfg, quiet: bool) -> Path:
+    """Initialize a new run from the campaign and search until a stop condition; returns the run directory."""
     from tik_evo.initialization import initialize, resolve_device
     from tik_evo.workloads import resolve_workloads
 
-    cfg = load_campaign(args.campaign, args.overrides)
     family = _family(cfg)
     workloads = resolve_workloads(cfg, family)
     problems = check_family(family)
     if problems:
         raise ConfigError("; ".join(problems))
     run_dir = Path(cfg.store.path)
-    if (run_dir / "ir.lmdb").exists():
-        raise ConfigError(f"key 'store.path': {run_dir} already holds a run; `tik-evo resume {run_dir}` continues "
-                          f"it, or pass store.path=<new dir>")
-    if args.tui:
-        return _run_with_tui(args, run_dir)
+    _refuse_existing(run_dir)
     device, facts, warnings = resolve_device(cfg)
     for w in warnings:
         console.print(f"[yellow]warning:[/] {w}")
@@ -116,11 +128,11 @@ def cmd_run(args) -> int:
     console.print(f"run directory: {run_dir}")
     try:
         initialize(store, cfg, family, workloads, device, facts, log=lambda m: console.print(m))
-        reason = _search(store, cfg, family, args.quiet)
+        reason = _search(store, cfg, family, quiet)
         _summary(store, reason)
     finally:
         store.close()
-    return 0
+    return run_dir
 
 
 def _run_with_tui(args, run_dir: Path) -> int:
@@ -146,44 +158,81 @@ def _run_with_tui(args, run_dir: Path) -> int:
 
 
 def cmd_resume(args) -> int:
+    resume_run(Path(args.run_dir), args.overrides, args.quiet)
+    return 0
+
+
+def resume_run(run_dir: Path, overrides: list[str], quiet: bool) -> None:
     from tik_evo.initialization import initialize, resolve_device
 
-    run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir}: no config.yaml; is this a run directory?")
-    cfg = load_campaign(run_dir / "config.yaml", args.overrides)
+    cfg = load_campaign(run_dir / "config.yaml", overrides)
     family = _family(cfg)
     store = Store.open_writer(run_dir)
     try:
         st = store.state()
         if st.get("root") is None:
+            if not st.get("workloads"):
+                raise ConfigError(f"{run_dir}: the run stopped before it recorded its workloads; start it again "
+                                  f"with `tik-evo run`")
             console.print("the run was interrupted before its root was verified: initializing again")
             device, facts, _ = resolve_device(cfg)
-            initialize(store, cfg, family, st.get("workloads") or _workloads(cfg, family), device, facts,
-                       log=lambda m: console.print(m))
+            initialize(store, cfg, family, st["workloads"], device, facts, log=lambda m: console.print(m))
         elif st.get("finished"):
             with store.transaction() as txn:
                 txn.state["finished"] = None
-                txn.event("resume", "resumed after finishing: " + " ".join(args.overrides))
+                txn.event("resume", "resumed after finishing: " + " ".join(overrides))
         else:
             with store.transaction() as txn:
                 txn.event("resume", f"resumed at step {txn.state['evaluations']}")
-        if args.overrides:
+        if overrides:
             from tik_evo.config import to_yaml
 
             (run_dir / "config.yaml").write_text(to_yaml(cfg))
         console.print(f"resuming {run_dir}: {store.state()['evaluations']} evaluations so far")
-        reason = _search(store, cfg, family, args.quiet)
+        reason = _search(store, cfg, family, quiet)
         _summary(store, reason)
     finally:
         store.close()
+
+
+def cmd_sweep(args) -> int:
+    """Every combination of the comma-separated override values, one run each, then a comparison."""
+    from tik_evo import sweep
+
+    fixed, swept = sweep.axes(args.overrides)
+    if not swept:
+        raise ConfigError("command line: no override has comma-separated values to sweep (e.g. "
+                          "ablation.evidence=true,false)")
+    combos = sweep.combinations(swept)
+    base_cfg = load_campaign(args.campaign, fixed)
+    sweep_dir = Path(args.dir or f"{base_cfg.store.path}-sweep")
+    cfgs = [load_campaign(args.campaign, [*fixed, *(f"{k}={v}" for k, v in c.items()),
+                                          f"store.path={sweep_dir / sweep.run_name(c)}"]) for c in combos]
+    console.print(f"sweep of {len(combos)} runs into {sweep_dir}")
+    for i, (combo, cfg) in enumerate(zip(combos, cfgs)):
+        run_dir = Path(cfg.store.path)
+        console.rule(f"run {i + 1}/{len(combos)}: {sweep.run_name(combo)}")
+        if not (run_dir / "ir.lmdb").exists():
+            run_campaign(cfg, args.quiet)
+            continue
+        with Store.open_reader(run_dir) as store:
+            finished = store.state().get("finished")
+        if not finished:
+            resume_run(run_dir, [], args.quiet)  # a sweep killed midway continues where it stopped
+    rows = [sweep.summary(Path(c.store.path)) for c in cfgs]
+    out.print(sweep.table(rows, [sweep.run_name(c) for c in combos]))
+    console.print(f"summary: {sweep.write_summary(sweep_dir, rows, combos)}")
     return 0
 
 
-def _workloads(cfg, family):
-    from tik_evo.workloads import resolve_workloads
+def cmd_compare(args) -> int:
+    from tik_evo import sweep
 
-    return resolve_workloads(cfg, family)
+    rows = [sweep.summary(Path(d)) for d in args.run_dirs]
+    out.print(sweep.table(rows, list(args.run_dirs)))
+    return 0
 
 
 def cmd_status(args) -> int:
@@ -268,6 +317,15 @@ def parser() -> argparse.ArgumentParser:
         r = sub.add_parser(name, help=help_)
         r.add_argument("run_dir")
         r.set_defaults(fn=fn)
+    r = sub.add_parser("sweep", help="run every combination of comma-separated overrides and compare them")
+    r.add_argument("campaign")
+    r.add_argument("overrides", nargs="+", help="e.g. ablation.evidence=true,false search.seed=0,1")
+    r.add_argument("--dir", help="where the runs go (default: <store.path>-sweep)")
+    r.add_argument("--quiet", action="store_true")
+    r.set_defaults(fn=cmd_sweep)
+    r = sub.add_parser("compare", help="compare finished or running runs side by side")
+    r.add_argument("run_dirs", nargs="+")
+    r.set_defaults(fn=cmd_compare)
     r = sub.add_parser("show", help="one implementation: source diff, checks, measurements")
     r.add_argument("run_dir")
     r.add_argument("impl_id")

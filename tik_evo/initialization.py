@@ -65,14 +65,15 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
     source = family.root_source()
     h = source_hash(source)
+    with store.transaction() as txn:  # first, so a run killed during the root audit can be resumed
+        txn.state.update(workloads=workloads, device=device, device_facts=device_facts, family=family.name,
+                         weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time())
     log(f"auditing the root of {family.name!r} ({len(workloads)} workloads, device {device})…")
     t0 = time.time()
     out = run_audit(run_dir, AuditJob(family, source, h, "I0", workloads, list(cfg.correctness.seeds),
                                       dict(cfg.evaluate), device, cfg.evaluate.gpu_index))
     with store.transaction() as txn:
         st = txn.state
-        st.update(workloads=workloads, device=device, device_facts=device_facts, family=family.name,
-                  weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time())
         iid, uid = txn.new_id("I"), txn.new_id("U")
         txn.put_source(source)
         audit = Audit(uid, iid, out.stages, out.measurements, passed=out.passed, failure_kind=out.failure_kind,
