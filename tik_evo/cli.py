@@ -289,6 +289,19 @@ def cmd_bench(args) -> int:
     return int(module.main(args.rest) or 0)
 
 
+def cmd_plot(args) -> int:
+    from tik_evo.plot import plot
+
+    run_dir = Path(args.run_dir)
+    output = Path(args.output or run_dir / "progress.png")
+    try:
+        plot(run_dir, output)
+    except ImportError as e:
+        raise ConfigError(f"plotting needs matplotlib: pip install -e '.[plot]' ({e})") from e
+    console.print(f"wrote {output}")
+    return 0
+
+
 def cmd_tui(args) -> int:
     from tui.app import run_tui
 
@@ -330,6 +343,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir")
     r.add_argument("impl_id")
     r.set_defaults(fn=cmd_show)
+    r = sub.add_parser("plot", help="speed-up per offspring and best so far, as a PNG (matplotlib)")
+    r.add_argument("run_dir")
+    r.add_argument("-o", "--output", help="PNG path (default: RUN_DIR/progress.png)")
+    r.set_defaults(fn=cmd_plot)
     r = sub.add_parser("export", help="all records as JSON lines")
     r.add_argument("run_dir")
     r.add_argument("-o", "--output")

@@ -173,7 +173,8 @@ class Search:
         action.params["_trial_value"] = value
         txn.put(action)
         st["history"].append({"evaluation": st["evaluations"], "impl": iid, "objective": verdict.objective,
-                              "best": st["best_objective"], "promoted": verdict.promoted, "failed": failed})
+                              "best": st["best_objective"], "promoted": verdict.promoted, "failed": failed,
+                              "admissible": verdict.admissible})
         txn.event("audit", f"{iid} ({choice.operator}, {proposal.scope}): "
                   + (f"FAILED {audit.failure_kind}" if failed else ("PROMOTED " if verdict.promoted else "")
                      + verdict.reason), impl=iid)

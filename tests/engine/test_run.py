@@ -58,6 +58,13 @@ def test_quickstart_end_to_end(tmp_path, capsys):
     for cmd in (["status", str(run)], ["lineage", str(run)], ["show", str(run), "I1"],
                 ["export", str(run), "-o", str(tmp_path / "x.jsonl")]):
         assert main(cmd) == 0, cmd
+    assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 0
+    assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from tik_evo.plot import series
+
+    with Store.open_reader(run) as s:
+        points = series(s)["points"]
+    assert sum(len(p) for p in points.values()) == state["evaluations"]
     lines = [json.loads(x) for x in (tmp_path / "x.jsonl").read_text().splitlines()]
     types = {x["type"] for x in lines}
     assert {"state", "implementation", "audit", "action", "opportunity", "decision", "event"} <= types
