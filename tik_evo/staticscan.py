@@ -11,7 +11,13 @@ ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "functools", "t
 # Names whose use means side streams, patched timers, cached results or escaping the sandbox.
 FORBIDDEN_ATTRS = {"Stream", "stream", "Event", "set_stream", "do_bench", "do_bench_cudagraph", "perf_counter",
                    "CUDAGraph", "graph", "environ", "system", "popen", "_exit"}
+# Dunder access is how sandboxes are escaped (__builtins__, __globals__, __subclasses__, ...).
+ALLOWED_DUNDERS = {"__name__", "__doc__", "__file__"}
 FORBIDDEN_CALLS = {"open", "eval", "exec", "compile", "__import__", "globals", "setattr", "getattr", "input"}
+
+
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__") and name not in ALLOWED_DUNDERS
 
 
 def scan(source: str, entry_points: tuple[str, ...], knob_names: tuple[str, ...] = ()) -> list[Check]:
@@ -26,8 +32,10 @@ def scan(source: str, entry_points: tuple[str, ...], knob_names: tuple[str, ...]
         elif isinstance(node, ast.ImportFrom):
             if (node.module or "") not in ALLOWED_IMPORTS:
                 problems.append(f"line {node.lineno}: from {node.module} import ...")
-        elif isinstance(node, ast.Attribute) and node.attr in FORBIDDEN_ATTRS:
+        elif isinstance(node, ast.Attribute) and (node.attr in FORBIDDEN_ATTRS or _dunder(node.attr)):
             problems.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Name) and _dunder(node.id) and node.id not in ALLOWED_DUNDERS:
+            problems.append(f"line {node.lineno}: {node.id}")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FORBIDDEN_CALLS:
             problems.append(f"line {node.lineno}: {node.func.id}()")
     defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
