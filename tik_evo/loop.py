@@ -33,7 +33,7 @@ class Search:
         self.actor = Actor(cfg, family, store, None)  # type: ignore[arg-type]
         self.scheduler = Scheduler(cfg, store.run_dir, self.actor.kinds(opportunities))
         self.actor.scheduler = self.scheduler
-        self._overhead = 0.0
+        self._overhead: float | None = None  # last step's engine time, stored with the next write
         self._recover()
 
     def _recover(self) -> None:
@@ -70,10 +70,18 @@ class Search:
             reason = self.stop_reason(st)
             if reason:
                 with self.store.transaction() as txn:
+                    self._flush_overhead(txn)
                     txn.state["finished"] = {"reason": reason, "at": time.time()}
                     txn.event("finish", f"search finished: {reason}")
                 return reason
             self.step(st)
+
+    def _flush_overhead(self, txn: Txn) -> None:
+        if self._overhead is not None:
+            over = txn.state["engine_overhead_s"]
+            over.append(self._overhead)
+            del over[:-200]
+            self._overhead = None
 
     # -- one step ------------------------------------------------------------------------------------------
     def step(self, st: dict[str, Any]) -> None:
@@ -110,9 +118,7 @@ class Search:
             txn.state["step"] += 1
             value = self._record(txn, choice, proposal, h, existing, outcome, t0)
             txn.state["budgets"]["wall_s"] += time.time() - t0
-            over = txn.state["engine_overhead_s"]
-            over.append(self._overhead)
-            del over[:-200]
+            self._flush_overhead(txn)
         self.scheduler.tell(choice.trial.number, value)
         # Store + scheduler time this step, excluding the operator and the audit (reported by `status`).
         self._overhead = (t1 - t0 - t_op - t_audit) + (time.time() - t1)
