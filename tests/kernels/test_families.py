@@ -32,3 +32,28 @@ def test_every_family_has_a_campaign():
     kernels = {line.split(":", 1)[1].strip() for c in CAMPAIGNS for line in c.read_text().splitlines()
                if line.startswith("kernel:")}
     assert set(available()) <= kernels
+
+
+# The root of every family through the engine's whole audit (subprocess, checks, benches, fresh inputs) on its
+# CPU workload set. Attention is left out here: its audit takes minutes under the interpreter, and
+# tests/kernels/test_attention.py covers its benches.
+AUDITED = [n for n in available() if n != "attention" and (ROOT / "workloads" / f"{n}_cpu.yaml").exists()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", AUDITED)
+def test_root_passes_the_engine_audit(tmp_path, name):
+    from tik_evo.audit import AuditJob, run_audit
+    from tik_evo.store import source_hash
+    from tik_evo.workloads import load_workload_set
+
+    family = load_family(name)
+    workloads = load_workload_set(ROOT / "workloads" / f"{name}_cpu.yaml", family)
+    src = family.root_source()
+    out = run_audit(tmp_path, AuditJob(family, src, source_hash(src), "I0", workloads, [0],
+                                       {"timeout_s": 600, "interpreter_reps": 1}, "cpu"))
+    assert out.passed, out.failure
+    assert set(out.measurements) == {w["name"] for w in workloads}
+    assert all(m["timer"] == "wall-interpreter" for m in out.measurements.values())
+    fresh = [c for s in out.stages for c in s["checks"] if c["kind"] == "fresh"]
+    assert fresh and all(c["passed"] for c in fresh)
