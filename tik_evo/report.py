@@ -74,7 +74,12 @@ def status(store: Store) -> Group:
     if over:
         head.add_row("engine overhead", f"{statistics.mean(over) * 1e3:.1f} ms/step mean (store + scheduler)")
     head.add_row("frontier / archive", f"{', '.join(st['frontier'])} / {', '.join(st['archive']) or '-'}")
-    head.add_row("finished", (st["finished"] or {}).get("reason", "no (running or interrupted)"))
+    if st["finished"]:
+        head.add_row("finished", st["finished"]["reason"])
+    else:
+        pid = store.writer_pid()
+        head.add_row("finished", f"no: running (pid {pid})" if pid else
+                     f"no: interrupted; `tik-evo resume {store.run_dir}` continues it")
     parts: list[Any] = [head]
     if best and best in impls:
         sp = speedups(snap, best)

@@ -167,6 +167,25 @@ class Store:
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
 
+    def writer_pid(self) -> int | None:
+        """The pid of the process writing this run now, or None (finished, interrupted or killed)."""
+        path = self.run_dir / "writer.lock"
+        if self._lock_fd is not None:
+            return os.getpid()
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None  # nobody holds it
+        except BlockingIOError:
+            text = os.read(fd, 32).decode(errors="replace").strip()
+            return int(text) if text.isdigit() else -1
+        finally:
+            os.close(fd)
+
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)

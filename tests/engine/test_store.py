@@ -41,6 +41,17 @@ def test_second_writer_refused_from_another_process(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr  # lock released with the writer
 
 
+def test_writer_pid_tells_running_from_interrupted(tmp_path):
+    code = "import sys, time; from tik_evo.store import Store; s = Store.create(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert proc.stdout.readline().strip() == "ready"
+    with Store.open_reader(tmp_path) as reader:
+        assert reader.writer_pid() == proc.pid
+        proc.kill()
+        proc.wait()
+        assert reader.writer_pid() is None  # killed: the kernel dropped its lock
+
+
 def test_same_process_second_writer_refused(tmp_path):
     store = Store.create(tmp_path)
     with pytest.raises(StoreLocked):
