@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import triton
 
-from tik_evo.model import Shape, TinyDecoder
+from kernels.decoder import Shape, TinyDecoder
 
 
 def main(argv: list[str] | None = None) -> int:

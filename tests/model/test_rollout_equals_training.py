@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from kernels.decoder import EPS, Shape, TinyDecoder, roots
 from tik_evo.candidate import load_source
-from tik_evo.model import EPS, Shape, TinyDecoder, roots
 
 PROMPT, ANSWER = 13, 5
 
