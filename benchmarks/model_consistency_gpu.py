@@ -3,7 +3,7 @@ realistic width. Writes JSON (mismatching log-prob bits per seed, max |differenc
 
     PYTHONPATH=$PWD python3 benchmarks/model_consistency_gpu.py --out results/model/consistency.json
 
-Imports only torch/triton (+ tik_evo.model and the kernels), so it runs on the bare GPU image.
+Imports only torch/triton (+ kernels.decoder and the families), so it runs on the bare GPU image.
 """
 
 from __future__ import annotations
