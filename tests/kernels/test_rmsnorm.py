@@ -1,0 +1,52 @@
+"""rmsnorm family under TRITON_INTERPRET=1 on the CPU: consistency structure, knobs, caught mismatches."""
+
+import _family as R
+import pytest
+
+R.setup()
+FAM = R.family("rmsnorm")
+
+
+def test_root_passes_all_cases_two_seeds():
+    assert R.failures(FAM, R.load_with_knobs(FAM), seeds=(0, 1)) == []
+
+
+@pytest.mark.parametrize("knobs", [
+    {"BLOCK_H": 1024, "NUM_WARPS": 8},
+    {"BLOCK_H": 128, "FULL_ROWS_PER_PROGRAM": 4, "DECODE_ROWS_PER_PROGRAM": 2},
+    {"FULL_NUM_STAGES": 3, "DECODE_NUM_STAGES": 2, "FULL_ROWS_PER_PROGRAM": 8},
+])
+def test_knob_variants_pass(knobs):
+    assert R.failures(FAM, R.load_with_knobs(FAM, **knobs)) == []
+
+
+def test_reduction_width_differing_between_paths_is_caught():
+    """Decode reducing in 128-wide chunks, full in 1024-wide ones: both accurate, the bits differ — and the
+    fp32 pre-cast values show it even where the bf16 outputs agree."""
+    bad = R.failures(FAM, R.hybrid(FAM, {"BLOCK_H": 128}, {"BLOCK_H": 1024}))
+    consistency = [name for name, kind, _ in bad if kind == "consistency"]
+    assert any("fp32" in name for name in consistency)
+    assert all(kind == "consistency" for _, kind, _ in bad)  # accuracy checks still pass
+
+
+def test_path_only_knobs_never_change_bits():
+    a = R.load_with_knobs(FAM)
+    b = R.load_with_knobs(FAM, FULL_ROWS_PER_PROGRAM=8, DECODE_ROWS_PER_PROGRAM=4, FULL_NUM_STAGES=3)
+    import torch
+
+    from tik_evo import checks
+
+    x = checks.randn((29, 1000), checks.generator(3), torch.bfloat16, "cpu")
+    w = checks.randn((1000,), checks.generator(4), torch.bfloat16, "cpu")
+    outs = []
+    for impl in (a, b):
+        y, y32 = torch.empty_like(x), torch.empty(x.shape, dtype=torch.float32)
+        impl.rmsnorm_full(x, w, 1e-6, y, y32)
+        outs.append(y32)
+    assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
+
+
+def test_bench_runs_and_verifies():
+    b = FAM.make_bench(R.load_with_knobs(FAM), {"name": "t", "phase": "decode", "batch": 3, "hidden": 700}, 0, "cpu")
+    b.run()
+    assert all(c.passed for c in b.verify())
