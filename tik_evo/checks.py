@@ -81,6 +81,14 @@ def randn(shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype
     return t.to(device=device, dtype=dtype)
 
 
+def input_copies(device: str, set_bytes: int, most: int = 8) -> int:
+    """How many input sets a bench rotates through so repeated runs are not served from L2 (60 MB on an
+    H200): enough to cover 256 MB, at most ``most``; one on the CPU, where there is no such cache to fool."""
+    if device == "cpu":
+        return 1
+    return max(1, min(most, (256 << 20) // max(1, set_bytes)))
+
+
 def generator(seed: int) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed(seed)

@@ -193,7 +193,7 @@ class AttentionFamily(Family):
         if phase == "decode":
             ctx_len = workload["context"]
             set_bytes = 2 * B * HKV * ctx_len * D * 2
-            copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, set_bytes)))
+            copies = checks.input_copies(device, set_bytes)
             sets = [_decode_inputs(B, HQ, HKV, D, ctx_len, g, device) for _ in range(copies)]
             y = torch.empty((B, HQ, 1, D), dtype=torch.bfloat16, device=device)
             state = {"i": 0}
@@ -214,7 +214,7 @@ class AttentionFamily(Family):
 
         S = workload["seq"] if phase == "prefill" else workload["prompt"] + workload["answer"]
         set_bytes = 2 * B * (HQ + HKV) * S * D * 2
-        copies = 1 if device == "cpu" else max(1, min(4, (256 << 20) // max(1, set_bytes)))
+        copies = checks.input_copies(device, set_bytes, most=4)
         sets = [_prefill_inputs(B, HQ, HKV, D, S, g, device) for _ in range(copies)]
         y = torch.empty((B, HQ, S, D), dtype=torch.bfloat16, device=device)
         state = {"i": 0}

@@ -146,7 +146,7 @@ class KVAppendFamily(Family):
         kc = checks.randn((n_pages, page, hk, d), g, torch.bfloat16, device)
         vc = checks.randn((n_pages, page, hk, d), g, torch.bfloat16, device)
         tok_bytes = hk * d * 2 * 2
-        copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, T * tok_bytes)))
+        copies = checks.input_copies(device, T * tok_bytes)
         kn = [checks.randn((T, hk, d), g, torch.bfloat16, device) for _ in range(copies)]
         vn = [checks.randn((T, hk, d), g, torch.bfloat16, device) for _ in range(copies)]
         state = {"i": 0}

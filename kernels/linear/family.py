@@ -125,7 +125,7 @@ class LinearFamily(Family):
         g = checks.generator(seed)
         set_bytes = (m * k + n * k) * 2
         # Rotate whole (x, W) sets: a real model's next layer has other weights, so L2 must not hold W.
-        copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, set_bytes)))
+        copies = checks.input_copies(device, set_bytes)
         xs = [_randn_dev((m, k), seed * 31 + i, device) for i in range(copies)]
         ws = [_randn_dev((n, k), seed * 31 + 100 + i, device, k ** -0.5) for i in range(copies)]
         b = checks.randn((n,), g, torch.bfloat16, device) if workload.get("bias") else None

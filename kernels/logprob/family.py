@@ -109,7 +109,7 @@ class LogprobFamily(Family):
         temp = float(workload.get("temperature", 1.0))
         fn = impl.logprob_decode if decode else impl.logprob_full
         set_bytes = rows * vocab * 2
-        copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, set_bytes)))
+        copies = checks.input_copies(device, set_bytes)
         xs = [_randn_dev((rows, vocab), seed * 31 + i, device, 4.0) for i in range(copies)]
         gen = torch.Generator(device=device)
         gen.manual_seed(seed)

@@ -111,7 +111,7 @@ class MoERoutingFamily(Family):
         experts, top_k = workload["experts"], workload["top_k"]
         fn = impl.moe_routing_decode if decode else impl.moe_routing_full
         set_bytes = rows * experts * 2
-        copies = 1 if device == "cpu" else max(1, min(16, (256 << 20) // max(1, set_bytes)))
+        copies = checks.input_copies(device, set_bytes, most=16)
         g = checks.generator(seed)
         xs = [checks.randn((rows, experts), g, torch.bfloat16, device) for _ in range(copies)]
         w, w32, ids = _outputs(rows, top_k, device)

@@ -106,7 +106,7 @@ class QKRMSNormFamily(Family):
         fn = impl.qk_rmsnorm_full if full else impl.qk_rmsnorm_decode
         g = checks.generator(seed)
         tok_bytes = (hq + hk) * d * 2 * 2
-        copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, T * tok_bytes)))
+        copies = checks.input_copies(device, T * tok_bytes)
         qs = [checks.randn((T, hq, d), g, torch.bfloat16, device) for _ in range(copies)]
         ks = [checks.randn((T, hk, d), g, torch.bfloat16, device) for _ in range(copies)]
         qw = checks.randn((d,), g, torch.bfloat16, device, 0.5) + 1.0

@@ -89,8 +89,7 @@ class RMSNormFamily(Family):
         fn = impl.rmsnorm_full if workload["phase"] == "full" else impl.rmsnorm_decode
         g = checks.generator(seed)
         row_bytes = hidden * 2 * 2
-        # Rotate input sets so repeated runs are not served from L2 (60 MB on an H200).
-        copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, rows * row_bytes)))
+        copies = checks.input_copies(device, rows * row_bytes)
         xs = [checks.randn((rows, hidden), g, torch.bfloat16, device) for _ in range(copies)]
         w = checks.randn((hidden,), g, torch.bfloat16, device, 0.5) + 1.0
         y = torch.empty((rows, hidden), dtype=torch.bfloat16, device=device)

@@ -161,7 +161,7 @@ class RoPEFamily(Family):
         cos, sin = rope_table(max_pos, d, workload["theta"], workload.get("scaling"), device)
         g = checks.generator(seed)
         tok_bytes = (hq + hk) * d * 2 * 2
-        copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, T * tok_bytes)))
+        copies = checks.input_copies(device, T * tok_bytes)
         qs = [checks.randn((T, hq, d), g, torch.bfloat16, device) for _ in range(copies)]
         ks = [checks.randn((T, hk, d), g, torch.bfloat16, device) for _ in range(copies)]
         qo = torch.empty((T, hq, d), dtype=torch.bfloat16, device=device)

@@ -115,7 +115,7 @@ class SiluMulFamily(Family):
         fn = impl.silu_mul_full if full else impl.silu_mul_decode
         g = checks.generator(seed)
         row_bytes = inter * 2 * 3
-        copies = 1 if device == "cpu" else max(1, min(8, (256 << 20) // max(1, T * row_bytes)))
+        copies = checks.input_copies(device, T * row_bytes)
         gus = [checks.randn((T, 2 * inter), g, torch.bfloat16, device) for _ in range(copies)]
         y = torch.empty((T, inter), dtype=torch.bfloat16, device=device)
         state = {"i": 0}
