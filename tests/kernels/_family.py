@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 from tik_evo import candidate
 
@@ -46,6 +46,15 @@ def hybrid(family, decode_knobs: dict, full_knobs: dict | None = None) -> Module
         if ep.endswith("_decode"):
             setattr(full, ep, getattr(dec, ep))
     return full
+
+
+def split_paths(full: ModuleType, decode: ModuleType) -> SimpleNamespace:
+    """A candidate whose full-sequence entry points come from one module and decode ones from another."""
+    ns = SimpleNamespace(**{k: getattr(full, k) for k in dir(full) if not k.startswith("_")})
+    for k in dir(decode):
+        if k.endswith("_decode"):
+            setattr(ns, k, getattr(decode, k))
+    return ns
 
 
 def failures(family, impl, level="full", seeds=(0,)):

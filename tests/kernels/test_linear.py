@@ -2,7 +2,6 @@
 mismatch. The interpreter's dot is exact (tik_evo.interp), so a different K order in one path shows up."""
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import _family
 import pytest
@@ -28,16 +27,12 @@ def test_knob_variants_pass(knobs):
     assert failures(load(tag, **knobs)) == []
 
 
-def _hybrid(full, decode):
-    return SimpleNamespace(linear_full=full.linear_full, linear_decode=decode.linear_decode)
-
-
 @pytest.mark.parametrize("full_knobs,decode_knobs", [
     ({"BLOCK_K": 64}, {"BLOCK_K": 32}),
     ({"K_CHUNK": 0}, {"K_CHUNK": 512}),
 ])
 def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
-    impl = _hybrid(load("mf", **full_knobs), load("md", **decode_knobs))
+    impl = _family.split_paths(load("mf", **full_knobs), load("md", **decode_knobs))
     case = [c for c in FAMILY.check_cases("full") if c["k"] > 512]
     bad = failures(impl, cases=case)
     assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad

@@ -2,7 +2,6 @@
 mismatch. The interpreter's dot is exact (tik_evo.interp), so a different vocabulary chunk in one path shows up."""
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import _family
 import pytest
@@ -27,16 +26,12 @@ def test_knob_variants_pass(knobs):
     assert failures(load(tag, **knobs)) == []
 
 
-def _hybrid(full, decode):
-    return SimpleNamespace(logprob_full=full.logprob_full, logprob_decode=decode.logprob_decode)
-
-
 @pytest.mark.parametrize("full_knobs,decode_knobs", [
     ({"VOCAB_CHUNK": 2048}, {"VOCAB_CHUNK": 1024}),
     ({"VOCAB_SPLIT": 0}, {"VOCAB_SPLIT": 2048}),
 ])
 def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
-    impl = _hybrid(load("mf", **full_knobs), load("md", **decode_knobs))
+    impl = _family.split_paths(load("mf", **full_knobs), load("md", **decode_knobs))
     case = [c for c in FAMILY.check_cases("full") if c["vocab"] > 4000]
     bad = failures(impl, cases=case)
     assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
@@ -46,7 +41,7 @@ def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
 def test_temperature_divides_in_both_paths():
     # Multiplying by a reciprocal in one path is a mismatch the checks must catch.
     edit = lambda s: s.replace("z = z / temperature", "z = z * (1.0 / temperature)")  # noqa: E731
-    impl = _hybrid(load("tf"), load("td", source_edit=edit))
+    impl = _family.split_paths(load("tf"), load("td", source_edit=edit))
     case = [c for c in FAMILY.check_cases("full") if c["temperature"] != 1.0][:1]
     bad = failures(impl, cases=case)
     assert any(kind == "consistency" for _, kind, _ in bad), bad

@@ -2,7 +2,6 @@
 mismatch. The interpreter's dot is exact (tik_evo.interp), so a different division or tie rule in one path shows up."""
 
 from pathlib import Path
-from types import SimpleNamespace
 
 import _family
 import pytest
@@ -27,13 +26,9 @@ def test_knob_variants_pass(knobs):
     assert failures(load(tag, **knobs)) == []
 
 
-def _hybrid(full, decode):
-    return SimpleNamespace(moe_routing_full=full.moe_routing_full, moe_routing_decode=decode.moe_routing_decode)
-
-
 def test_reciprocal_in_one_path_is_caught():
     edit = lambda s: s.replace("p = e / s[:, None]", "p = e * (1.0 / s[:, None])")  # noqa: E731
-    bad = failures(_hybrid(load("rf"), load("rd", source_edit=edit)))
+    bad = failures(_family.split_paths(load("rf"), load("rd", source_edit=edit)))
     assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
     assert all(kind == "consistency" for _, kind, _ in bad)
 
@@ -41,7 +36,7 @@ def test_reciprocal_in_one_path_is_caught():
 def test_ties_to_higher_index_in_one_path_is_caught():
     edit = lambda s: s.replace("idx = tl.min(tl.where(work == v[:, None], cols[None, :], BLOCK_E), 1)",  # noqa: E731
                                "idx = tl.max(tl.where(work == v[:, None], cols[None, :], -1), 1)")
-    bad = failures(_hybrid(load("tf"), load("td", source_edit=edit)), cases=FAMILY.check_cases("full")[:2])
+    bad = failures(_family.split_paths(load("tf"), load("td", source_edit=edit)), cases=FAMILY.check_cases("full")[:2])
     assert any(kind == "consistency" and "(ids)" in name for name, kind, _ in bad), bad
 
 
