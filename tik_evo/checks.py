@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -87,6 +88,19 @@ def input_copies(device: str, set_bytes: int, most: int = 8) -> int:
     if device == "cpu":
         return 1
     return max(1, min(most, (256 << 20) // max(1, set_bytes)))
+
+
+def rotate(call: Callable[..., None], *inputs: list) -> Callable[[], None]:
+    """A bench's ``run()``: ``call(inputs[0][i], inputs[1][i], ...)`` with ``i`` advancing through the input
+    sets on every call, so consecutive timed runs read different memory (sized by ``input_copies``)."""
+    n = len(inputs[0])
+    state = {"i": 0}
+
+    def run() -> None:
+        state["i"] = (state["i"] + 1) % n
+        call(*(x[state["i"]] for x in inputs))
+
+    return run
 
 
 def generator(seed: int) -> torch.Generator:

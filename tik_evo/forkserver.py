@@ -44,6 +44,8 @@ def main() -> None:
     proto = os.dup(1)  # the protocol channel; fd 1 is redirected to each job's log in the child
     for line in sys.stdin.buffer:
         job_path, log_path = line.decode().rstrip("\n").split("\t")
+        if torch.cuda.is_initialized():  # a forked child cannot use a CUDA context its parent created
+            raise SystemExit("fork server: CUDA was initialised in the server; use evaluate.executor=spawn")
         pid = os.fork()
         if pid == 0:
             _child(job_path, log_path, proto)

@@ -7,7 +7,9 @@ import ast
 from tik_evo.family import Check
 from tik_evo.knobs import KnobsError, read_knobs
 
-ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math", "functools", "typing", "__future__"}
+# triton.language.extra.cuda: device intrinsics (libdevice, grid-dependency control), nothing host-side.
+ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "triton.language.extra.cuda", "math", "functools", "typing",
+                   "__future__"}
 # Names whose use means side streams, patched timers, cached results or escaping the sandbox.
 FORBIDDEN_ATTRS = {"Stream", "stream", "Event", "set_stream", "do_bench", "do_bench_cudagraph", "perf_counter",
                    "CUDAGraph", "graph", "environ", "system", "popen", "_exit"}

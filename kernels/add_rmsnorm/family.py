@@ -136,11 +136,7 @@ class AddRMSNormFamily(Family):
         w = checks.randn((hidden,), g, torch.bfloat16, device, 0.5) + 1.0
         y = torch.empty((rows, hidden), dtype=torch.bfloat16, device=device)
         h = torch.empty((rows, hidden), dtype=torch.bfloat16, device=device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            fn(xs[state["i"]], rs[state["i"]], w, EPS, y, h)
+        run = checks.rotate(lambda x, r: fn(x, r, w, EPS, y, h), xs, rs)
 
         def verify() -> list[Check]:
             fg = checks.generator(seed + 7919)

@@ -42,6 +42,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "split512_ds4": {"SPLIT_TOKENS": 512, "DECODE_NUM_STAGES": 4},
     "bn128": {"BLOCK_N": 128},
     "bn128_ds4": {"BLOCK_N": 128, "DECODE_NUM_STAGES": 4},
+    # The root's contract with the Hopper path knobs: what the knob campaign promoted (TMA loads, flattened
+    # chunk loop) plus the early-launched merge.
+    "hopper": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl"},
 }
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.
@@ -219,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="attention_bench.json", help="JSON file to write")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated variant names")
     ap.add_argument("--sweep", action="store_true", help="run the wider knob sweep instead (fewer cells)")
+    ap.add_argument("--variants-json", default=None,
+                    help="JSON file {name: {knob: value}} of variants to run instead (the sweep's cells; names "
+                         "starting p_ / d_ are timed on prefill / decode cells only, others on both)")
     ap.add_argument("--check-variants", default=None, help="variants to check (default: all timed ones)")
     ap.add_argument("--check-seeds", default="0,1", help="seeds of the root's consistency checks (others: 0)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new work after this")
@@ -250,10 +256,16 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="attention_variants_"))
     table = SWEEP if args.sweep else VARIANTS
     names = list(SWEEP) if args.sweep else args.variants.split(",")
+    if args.variants_json:
+        table = json.loads(Path(args.variants_json).read_text())
+        names, args.sweep = list(table), True
+        sweep_checks = [n for n in names if not n.startswith(("p_", "d_"))]
+    else:
+        sweep_checks = list(SWEEP_CHECKS)
     modules = {}
     for name in names:
         modules[name], report["variants"][name] = load_variant(name, table[name], tmp)
-    checked = [n for n in names if n in SWEEP_CHECKS] if args.sweep else names
+    checked = [n for n in names if n in sweep_checks] if args.sweep else names
     if args.check_variants is not None:
         checked = [n for n in args.check_variants.split(",") if n]
     prefill_mods = {n: m for n, m in modules.items() if not n.startswith("d_")}

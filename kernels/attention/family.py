@@ -56,9 +56,13 @@ class AttentionFamily(Family):
              "prefill query rows per program; >= 64 keeps the wgmma layout family the decode tile uses"),
         Knob("FULL_NUM_WARPS", (4, 8), "full", "warps per prefill program"),
         Knob("FULL_NUM_STAGES", (1, 2, 3, 4), "full", "software pipelining depth of the prefill KV loop"),
-        Knob("FULL_SPLIT_LOOP", ("flat", "nested"), "full",
-             "with split-KV, prefill walks all blocks in one loop folding at chunk ends (flat) or one loop per "
-             "chunk (nested); same chunks and merge order either way"),
+        Knob("FULL_SPLIT_LOOP", ("flat", "nested", "flatten"), "full",
+             "with split-KV, prefill walks all blocks in one loop folding at chunk ends (flat), one loop per "
+             "chunk (nested), or a chunk loop nest the compiler flattens into one pipelined loop (flatten); same "
+             "chunks and merge order either way"),
+        Knob("FULL_KV_LOADS", ("pointer", "tma"), "full",
+             "how prefill loads K/V tiles of blocks every row sees in full: pointer loads or TMA tensor "
+             "descriptors (same tiles, so same bits)"),
         Knob("DECODE_BLOCK_M", (64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); >= 64 keeps the wgmma family"),
         Knob("DECODE_PACK_GQA", (True, False), "decode",
@@ -67,6 +71,11 @@ class AttentionFamily(Family):
         Knob("DECODE_NUM_STAGES", (1, 2, 3, 4), "decode", "software pipelining depth of the decode KV loop"),
         Knob("DECODE_CHUNKS_PER_PROGRAM", (1, 2, 4), "decode",
              "split-KV chunks computed by one decode program (each still written as its own partial)"),
+        Knob("DECODE_KV_LOADS", ("pointer", "tma"), "decode",
+             "how decode loads K/V tiles of whole blocks below the context length: pointers or TMA descriptors"),
+        Knob("DECODE_MERGE_LAUNCH", ("plain", "pdl"), "decode",
+             "launch decode's merge after the chunk kernel (plain) or early with programmatic dependent launch, "
+             "waiting on the chunk grid inside the kernel (pdl; GPU only, the interpreter runs plain)"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -80,14 +89,20 @@ class AttentionFamily(Family):
                             knobs=("BLOCK_N",)),
             OpportunitySpec("prefill_tile", "Retune the prefill query tile, warps and pipelining depth for the "
                             "compute-bound long-sequence cells", paths=("full",),
-                            knobs=("BLOCK_M", "FULL_NUM_WARPS", "FULL_NUM_STAGES", "FULL_SPLIT_LOOP")),
+                            knobs=("BLOCK_M", "FULL_NUM_WARPS", "FULL_NUM_STAGES")),
             OpportunitySpec("decode_schedule", "Tune the memory-bound decode launch: GQA packing, tile rows, warps, "
                             "pipelining and chunks per program", paths=("decode",),
                             knobs=("DECODE_PACK_GQA", "DECODE_BLOCK_M", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES",
                                    "DECODE_CHUNKS_PER_PROGRAM")),
-            OpportunitySpec("prefill_hopper", "Load K/V tiles with TMA tensor descriptors, warp-specialise loads "
-                            "and MMAs, or make the prefill grid persistent; keep the dot shapes, block order and "
-                            "per-block arithmetic unchanged so decode still agrees", paths=("full",)),
+            OpportunitySpec("prefill_hopper", "Load K/V tiles with TMA tensor descriptors and let the compiler "
+                            "flatten the split-KV chunk loop nest into one software pipeline; beyond the knobs, "
+                            "warp-specialise loads and MMAs or make the prefill grid persistent. Keep the dot shapes, "
+                            "block order and per-block arithmetic unchanged so decode still agrees", paths=("full",),
+                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP")),
+            OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
+                            "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
+                            "K/V blocks through TMA descriptors", paths=("decode",),
+                            knobs=("DECODE_MERGE_LAUNCH", "DECODE_KV_LOADS")),
             OpportunitySpec("decode_memory", "Decode is bound by reading K/V once: wider vector loads, fewer "
                             "partials written, the merge folded into the last chunk's program (same fixed order)",
                             paths=("decode",)),
@@ -196,11 +211,7 @@ class AttentionFamily(Family):
             copies = checks.input_copies(device, set_bytes)
             sets = [_decode_inputs(B, HQ, HKV, D, ctx_len, g, device) for _ in range(copies)]
             y = torch.empty((B, HQ, 1, D), dtype=torch.bfloat16, device=device)
-            state = {"i": 0}
-
-            def run() -> None:
-                state["i"] = (state["i"] + 1) % copies
-                impl.decode(*sets[state["i"]], sm_scale, y)
+            run = checks.rotate(lambda inputs: impl.decode(*inputs, sm_scale, y), sets)
 
             def verify() -> list[Check]:
                 qd, kc, vc, ctx = _decode_inputs(B, HQ, HKV, D, ctx_len, checks.generator(seed + 7919), device)
@@ -217,11 +228,7 @@ class AttentionFamily(Family):
         copies = checks.input_copies(device, set_bytes, most=4)
         sets = [_prefill_inputs(B, HQ, HKV, D, S, g, device) for _ in range(copies)]
         y = torch.empty((B, HQ, S, D), dtype=torch.bfloat16, device=device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            impl.prefill(*sets[state["i"]], sm_scale, y)
+        run = checks.rotate(lambda inputs: impl.prefill(*inputs, sm_scale, y), sets)
 
         def verify() -> list[Check]:
             q, k, v = _prefill_inputs(B, HQ, HKV, D, S, checks.generator(seed + 7919), device)

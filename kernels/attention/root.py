@@ -8,12 +8,15 @@ folded in ascending order by one shared merge function (`_merge`). Decode comput
 programs (flash-decoding) and folds them in a second launch; prefill reproduces the same chunks and folds
 per query tile (one loop per chunk, or one loop that folds at chunk ends: FULL_SPLIT_LOOP). Multiply-adds
 whose rounding matters are written as explicit `fma` (probabilities, row sums, merges), so the compiler cannot
-contract them differently in masked and unmasked blocks or in the two paths.
+contract them differently in masked and unmasked blocks or in the two paths. How a tile reaches the dot
+(pointer loads or TMA tensor descriptors) and how the launches are chained (plain, or programmatic dependent
+launch for decode's merge) are path-only: they move bytes and launches, not arithmetic.
 """
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 KNOBS = {
     "BLOCK_N": 64,
@@ -22,35 +25,53 @@ KNOBS = {
     "FULL_NUM_WARPS": 8,
     "FULL_NUM_STAGES": 3,
     "FULL_SPLIT_LOOP": "nested",
+    "FULL_KV_LOADS": "pointer",
     "DECODE_BLOCK_M": 64,
     "DECODE_PACK_GQA": True,
     "DECODE_NUM_WARPS": 4,
     "DECODE_NUM_STAGES": 3,
     "DECODE_CHUNKS_PER_PROGRAM": 1,
+    "DECODE_KV_LOADS": "pointer",
+    "DECODE_MERGE_LAUNCH": "plain",
 }
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _attn_block(acc, m_i, l_i, q, k_base, v_base, start_n, key_limit, row_limit, qk_scale,
-                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
+def _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit,
+                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
+    """K^T [HEAD_D, BLOCK_N] and V [BLOCK_N, HEAD_D] of one block; keys at or past key_limit load as zeros.
+
+    TMA is only used for blocks every row sees in full (MASK=False): those rows are valid keys of this head, so
+    the flat [heads * seq, HEAD_D] descriptor never reads past the head and the tiles equal the pointer loads.
+    """
+    if TMA and not MASK:
+        k = k_desc.load([desc_row0 + start_n, 0]).T
+        v = v_desc.load([desc_row0 + start_n, 0])
+    else:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, HEAD_D)
+        if MASK:
+            in_kv = offs_n < key_limit
+            k = tl.load(k_base + offs_n[None, :] * HEAD_D + offs_d[:, None], mask=in_kv[None, :], other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * HEAD_D + offs_d[None, :], mask=in_kv[:, None], other=0.0)
+        else:
+            k = tl.load(k_base + offs_n[None, :] * HEAD_D + offs_d[:, None])
+            v = tl.load(v_base + offs_n[:, None] * HEAD_D + offs_d[None, :])
+    return k, v
+
+
+@triton.jit
+def _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
     """One KV block for every row of the tile: the per-row arithmetic both paths share.
 
     `row_limit[r]` is one past the last key row r may see. MASK=False is only used for blocks every row sees
     in full; there `where` would return the scores unchanged, so skipping it does not change any bit.
     """
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_D)
-    if MASK:
-        in_kv = offs_n < key_limit
-        k = tl.load(k_base + offs_n[None, :] * HEAD_D + offs_d[:, None], mask=in_kv[None, :], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * HEAD_D + offs_d[None, :], mask=in_kv[:, None], other=0.0)
-    else:
-        k = tl.load(k_base + offs_n[None, :] * HEAD_D + offs_d[:, None])
-        v = tl.load(v_base + offs_n[:, None] * HEAD_D + offs_d[None, :])
     s = tl.dot(q, k)
     if MASK:
+        offs_n = start_n + tl.arange(0, BLOCK_N)
         s = tl.where(offs_n[None, :] < row_limit[:, None], s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid (-inf) - (-inf)
@@ -63,27 +84,39 @@ def _attn_block(acc, m_i, l_i, q, k_base, v_base, start_n, key_limit, row_limit,
 
 
 @triton.jit
-def _walk(acc, m_i, l_i, q, k_base, v_base, lo, hi, key_limit, row_limit, qk_scale,
-          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
-    """Blocks starting at lo, lo + BLOCK_N, ... below hi, in ascending order (lo is a multiple of BLOCK_N)."""
+def _walk(acc, m_i, l_i, q, kv, lo, hi, key_limit, row_limit, qk_scale,
+          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
+    """Blocks starting at lo, lo + BLOCK_N, ... below hi, in ascending order (lo is a multiple of BLOCK_N).
+
+    `kv` is (k_base, v_base, k_desc, v_desc, desc_row0): pointers to this head's keys and values, and the
+    descriptors with this head's first row (the pointers again when TMA is off)."""
+    k_base, v_base, k_desc, v_desc, desc_row0 = kv
     for start_n in range(lo, hi, BLOCK_N):
-        acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k_base, v_base, start_n, key_limit, row_limit, qk_scale,
-                                    HEAD_D, BLOCK_N, MASK)
+        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
+                           TMA)
+        acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
     return acc, m_i, l_i
 
 
 @triton.jit
-def _chunk(q, k_base, v_base, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale,
-           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Keys [lo, hi) from a fresh softmax state: whole blocks below unmasked_hi unmasked, the rest masked."""
+def _fresh(BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr):
+    """The empty softmax state (an exact identity of `_merge`)."""
     acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _chunk(q, kv, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale,
+           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """Keys [lo, hi) from a fresh softmax state: whole blocks below unmasked_hi unmasked, the rest masked."""
+    acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
     mid = tl.maximum(tl.minimum(hi, unmasked_hi), lo)
-    acc, m_i, l_i = _walk(acc, m_i, l_i, q, k_base, v_base, lo, mid, key_limit, row_limit, qk_scale,
-                          HEAD_D, BLOCK_N, False)
-    acc, m_i, l_i = _walk(acc, m_i, l_i, q, k_base, v_base, mid, hi, key_limit, row_limit, qk_scale,
-                          HEAD_D, BLOCK_N, True)
+    acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, lo, mid, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, False,
+                          TMA)
+    acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, mid, hi, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, True,
+                          TMA)
     return acc, m_i, l_i
 
 
@@ -100,18 +133,18 @@ def _merge(m_a, l_a, acc_a, m_b, l_b, acc_b, qk_scale):
 
 
 @triton.jit
-def _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, k_base, v_base, lo, hi, key_limit, row_limit, qk_scale,
+def _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, kv, lo, hi, key_limit, row_limit, qk_scale,
                   BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                  MASK: tl.constexpr):
+                  MASK: tl.constexpr, TMA: tl.constexpr):
     """Like `_walk` for the chunk state (c_*), folding it into the running state at every chunk end."""
+    k_base, v_base, k_desc, v_desc, desc_row0 = kv
     for start_n in range(lo, hi, BLOCK_N):
-        c_acc, c_m, c_l = _attn_block(c_acc, c_m, c_l, q, k_base, v_base, start_n, key_limit, row_limit, qk_scale,
-                                      HEAD_D, BLOCK_N, MASK)
+        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
+                           TMA)
+        c_acc, c_m, c_l = _attn_block(c_acc, c_m, c_l, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
         if (start_n + BLOCK_N) % SPLIT == 0:
             m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
-            c_acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
-            c_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            c_l = tl.zeros([BLOCK_M], dtype=tl.float32)
+            c_acc, c_m, c_l = _fresh(BLOCK_M, HEAD_D)
     return acc, m_i, l_i, c_acc, c_m, c_l
 
 
@@ -121,16 +154,30 @@ def _finish(acc, l_i):
 
 
 @triton.jit
-def _prefill_kernel(Q, K, V, O, O32, S, qk_scale, HQ, HKV, GROUP,
+def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+    """(k_base, v_base, k_desc, v_desc, desc_row0) for KV head `head` (flat index) of [TOTAL_ROWS / S, S, HEAD_D]
+    tensors; without TMA the descriptor slots hold the pointers again (unused)."""
+    kv = head.to(tl.int64) * S * HEAD_D
+    if TMA:
+        k_desc = tl.make_tensor_descriptor(K, shape=[TOTAL_ROWS, HEAD_D], strides=[HEAD_D, 1],
+                                           block_shape=[BLOCK_N, HEAD_D])
+        v_desc = tl.make_tensor_descriptor(V, shape=[TOTAL_ROWS, HEAD_D], strides=[HEAD_D, 1],
+                                           block_shape=[BLOCK_N, HEAD_D])
+    else:
+        k_desc = K + kv
+        v_desc = V + kv
+    return K + kv, V + kv, k_desc, v_desc, head * S
+
+
+@triton.jit
+def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
                     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                    FLAT_SPLIT: tl.constexpr, WRITE32: tl.constexpr):
+                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, WRITE32: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first
     bh = tl.program_id(1)
     b = bh // HQ
     h = bh % HQ
-    kv = (b * HKV + h // GROUP).to(tl.int64) * S * HEAD_D
-    k_base = K + kv
-    v_base = V + kv
+    kv = _kv_source(K, V, b * HKV + h // GROUP, S, TOTAL_ROWS, HEAD_D, BLOCK_N, TMA)
     row0 = bh.to(tl.int64) * S * HEAD_D
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
@@ -142,29 +189,35 @@ def _prefill_kernel(Q, K, V, O, O32, S, qk_scale, HQ, HKV, GROUP,
     hi = tl.minimum(tile_start + BLOCK_M, S)
     unmasked_hi = (tile_start // BLOCK_N) * BLOCK_N  # blocks ending at or before the tile's first row
     if SPLIT == 0:
-        acc, m_i, l_i = _chunk(q, k_base, v_base, 0, hi, unmasked_hi, S, row_limit, qk_scale,
-                               BLOCK_M, HEAD_D, BLOCK_N)
+        acc, m_i, l_i = _chunk(q, kv, 0, hi, unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
     else:
-        acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if FLAT_SPLIT:
+        acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
+        if SPLIT_LOOP == "flat":
             # One block loop (one software pipeline) that folds and restarts the state at every chunk end.
-            c_acc = tl.zeros([BLOCK_M, HEAD_D], dtype=tl.float32)
-            c_m = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-            c_l = tl.zeros([BLOCK_M], dtype=tl.float32)
-            acc, m_i, l_i, c_acc, c_m, c_l = _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, k_base, v_base, 0,
-                                                           unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D,
-                                                           BLOCK_N, SPLIT, False)
-            acc, m_i, l_i, c_acc, c_m, c_l = _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, k_base, v_base,
-                                                           unmasked_hi, hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D,
-                                                           BLOCK_N, SPLIT, True)
+            c_acc, c_m, c_l = _fresh(BLOCK_M, HEAD_D)
+            acc, m_i, l_i, c_acc, c_m, c_l = _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, kv, 0, unmasked_hi,
+                                                           S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, SPLIT,
+                                                           False, TMA)
+            acc, m_i, l_i, c_acc, c_m, c_l = _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, kv, unmasked_hi, hi,
+                                                           S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, SPLIT,
+                                                           True, TMA)
             m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)  # open chunk (identity if empty)
-        else:
-            for lo in range(0, hi, SPLIT):
-                c_acc, c_m, c_l = _chunk(q, k_base, v_base, lo, tl.minimum(lo + SPLIT, hi), unmasked_hi, S,
-                                         row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N)
+            c_lo = hi
+        elif SPLIT_LOOP == "flatten":
+            # Chunks wholly below the diagonal: a loop nest the compiler flattens into one pipelined loop.
+            n_whole = unmasked_hi // SPLIT
+            for c in tl.range(0, n_whole, flatten=True):
+                c_acc, c_m, c_l = _fresh(BLOCK_M, HEAD_D)
+                c_acc, c_m, c_l = _walk(c_acc, c_m, c_l, q, kv, c * SPLIT, c * SPLIT + SPLIT, S, row_limit,
+                                        qk_scale, HEAD_D, BLOCK_N, False, TMA)
                 m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
+            c_lo = n_whole * SPLIT
+        else:
+            c_lo = 0
+        for lo in range(c_lo, hi, SPLIT):  # "nested": every chunk; otherwise the chunks left (none for "flat")
+            c_acc, c_m, c_l = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, hi), unmasked_hi, S, row_limit, qk_scale,
+                                     BLOCK_M, HEAD_D, BLOCK_N, TMA)
+            m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
     o = _finish(acc, l_i)
     tl.store(O + row0 + io, o.to(tl.bfloat16), mask=row_ok)
     if WRITE32:
@@ -172,10 +225,13 @@ def _prefill_kernel(Q, K, V, O, O32, S, qk_scale, HQ, HKV, GROUP,
 
 
 @triton.jit
-def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
+def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                   PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, WRITE32: tl.constexpr):
+                   PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, TMA: tl.constexpr,
+                   PDL: tl.constexpr, WRITE32: tl.constexpr):
     """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile."""
+    if PDL:
+        gdc_launch_dependents()  # the merge launch may start now; it waits for this grid before reading
     g = tl.program_id(0)
     pid = tl.program_id(1)
     if PACK_GQA:
@@ -189,19 +245,16 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHUNKS, qk
         hk = h0 // GROUP
         n_rows = 1
     n = tl.load(CTX + b)
-    kv = (b * HKV + hk).to(tl.int64) * S_CAP * HEAD_D
-    k_base = K + kv
-    v_base = V + kv
+    kv = _kv_source(K, V, b * HKV + hk, S_CAP, TOTAL_ROWS, HEAD_D, BLOCK_N, TMA)
     rows = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     qrow = b * HQ + h0 + rows  # query heads of this program (q is [B, HQ, 1, D])
     row_ok = rows < n_rows
     q = tl.load(Q + qrow[:, None] * HEAD_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     row_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + n
-    n_full = (n // BLOCK_N) * BLOCK_N
+    n_full = (n // BLOCK_N) * BLOCK_N  # blocks below hold valid keys only; the cache past n may hold anything
     if SPLIT == 0:
-        acc, m_i, l_i = _chunk(q, k_base, v_base, 0, n, n_full, n, row_limit, qk_scale,
-                               BLOCK_M, HEAD_D, BLOCK_N)
+        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
         o = _finish(acc, l_i)
         io = qrow[:, None] * HEAD_D + offs_d[None, :]
         tl.store(O + io, o.to(tl.bfloat16), mask=row_ok[:, None])
@@ -211,8 +264,8 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHUNKS, qk
         c_hi = tl.minimum(g * CHUNKS_PER_PROGRAM + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
         for c in range(g * CHUNKS_PER_PROGRAM, c_hi):
             lo = c * SPLIT
-            acc, m_i, l_i = _chunk(q, k_base, v_base, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit,
-                                   qk_scale, BLOCK_M, HEAD_D, BLOCK_N)
+            acc, m_i, l_i = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
+                                   BLOCK_M, HEAD_D, BLOCK_N, TMA)
             ws = qrow.to(tl.int64) * N_CHUNKS + c
             tl.store(M_WS + ws, m_i, mask=row_ok)
             tl.store(L_WS + ws, l_i, mask=row_ok)
@@ -229,12 +282,15 @@ def _load_partial(M_WS, L_WS, ACC_WS, ws, offs_d, ok, HEAD_D: tl.constexpr):
 
 @triton.jit
 def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
-                         HEAD_D: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr, WRITE32: tl.constexpr):
+                         HEAD_D: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
+                         WRITE32: tl.constexpr):
     """Fold the chunk partials of one KV head's query heads in ascending chunk order."""
     pid = tl.program_id(0)
     b = pid // HKV
     hk = pid % HKV
     n = tl.load(CTX + b)
+    if PDL:
+        gdc_wait()  # launched early (programmatic dependent launch): wait until every partial is written
     rows = tl.arange(0, ROWS)
     offs_d = tl.arange(0, HEAD_D)
     qrow = b * HQ + hk * GROUP + rows
@@ -265,6 +321,18 @@ def _qk_scale(sm_scale: float) -> float:
     return float(sm_scale) * LOG2E
 
 
+def _tma_alloc(size, alignment, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _use_tma(knob: str, *tensors: torch.Tensor) -> bool:
+    """TMA tensor descriptors need 16-byte aligned bases (rows are HEAD_D * 2 bytes, always aligned)."""
+    ok = KNOBS[knob] == "tma" and all(t.data_ptr() % 16 == 0 for t in tensors)
+    if ok and tensors[0].is_cuda:
+        triton.set_allocator(_tma_alloc)  # scratch for the in-kernel descriptors
+    return ok
+
+
 def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, out: torch.Tensor,
             out32: torch.Tensor | None = None) -> None:
     """Causal attention over whole sequences: q [B, HQ, S, D], k/v [B, HKV, S, D] -> out [B, HQ, S, D]."""
@@ -273,9 +341,9 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     block_m = KNOBS["BLOCK_M"]
     grid = (triton.cdiv(S, block_m), B * HQ)
     _prefill_kernel[grid](
-        q, k, v, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), HQ, HKV, HQ // HKV,
-        HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
-        FLAT_SPLIT=KNOBS["FULL_SPLIT_LOOP"] == "flat", WRITE32=out32 is not None,
+        q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
+        HQ // HKV, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
+        SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v), WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
     )
 
@@ -293,6 +361,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     cpp = KNOBS["DECODE_CHUNKS_PER_PROGRAM"]
     o32 = out32 if out32 is not None else out
     qk_scale = _qk_scale(sm_scale)
+    # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
+    pdl = bool(split) and KNOBS["DECODE_MERGE_LAUNCH"] == "pdl" and q.is_cuda
     if split:
         n_chunks = triton.cdiv(s_cap, split)
         m_ws = torch.empty((B * HQ * n_chunks,), dtype=torch.float32, device=q.device)
@@ -303,14 +373,14 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         m_ws = l_ws = acc_ws = o32
     grid = (triton.cdiv(n_chunks, cpp), B * (HKV if pack else HQ))
     _decode_kernel[grid](
-        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, n_chunks, qk_scale, HQ, HKV,
-        group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
-        CHUNKS_PER_PROGRAM=cpp, WRITE32=out32 is not None,
-        num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
+        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, B * HKV * s_cap, n_chunks, qk_scale,
+        HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
+        CHUNKS_PER_PROGRAM=cpp, TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
+        WRITE32=out32 is not None, num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
     )
     if split:
         _decode_merge_kernel[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
-            HEAD_D=D, ROWS=max(16, triton.next_power_of_2(group)), SPLIT=split, WRITE32=out32 is not None,
-            num_warps=4,
+            HEAD_D=D, ROWS=max(16, triton.next_power_of_2(group)), SPLIT=split, PDL=pdl, WRITE32=out32 is not None,
+            num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )

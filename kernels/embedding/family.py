@@ -77,11 +77,7 @@ class EmbeddingFamily(Family):
         copies = 1 if device == "cpu" else 8
         idss = [torch.randint(0, V, (T,), generator=g, dtype=torch.int64).to(device) for _ in range(copies)]
         y = torch.empty((T, H), dtype=torch.bfloat16, device=device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            fn(idss[state["i"]], w, y)
+        run = checks.rotate(lambda ids: fn(ids, w, y), idss)
 
         def verify() -> list[Check]:
             ids = torch.randint(0, V, (T,), generator=checks.generator(seed + 7919), dtype=torch.int64).to(device)

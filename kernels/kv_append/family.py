@@ -149,7 +149,6 @@ class KVAppendFamily(Family):
         copies = checks.input_copies(device, T * tok_bytes)
         kn = [checks.randn((T, hk, d), g, torch.bfloat16, device) for _ in range(copies)]
         vn = [checks.randn((T, hk, d), g, torch.bfloat16, device) for _ in range(copies)]
-        state = {"i": 0}
         if full:
             cu = torch.tensor([0] + lens).cumsum(0).to(torch.int32).to(device)
             st = torch.zeros(len(lens), dtype=torch.int32, device=device)
@@ -165,9 +164,7 @@ class KVAppendFamily(Family):
             def call(k, v):
                 impl.kv_append_decode(k, v, kc, vc, table, pos)
 
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            call(kn[state["i"]], vn[state["i"]])
+        run = checks.rotate(call, kn, vn)
 
         def verify() -> list[Check]:
             fg = checks.generator(seed + 7919)

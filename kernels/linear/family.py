@@ -130,11 +130,7 @@ class LinearFamily(Family):
         ws = [_randn_dev((n, k), seed * 31 + 100 + i, device, k ** -0.5) for i in range(copies)]
         b = checks.randn((n,), g, torch.bfloat16, device) if workload.get("bias") else None
         y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            fn(xs[state["i"]], ws[state["i"]], b, y)
+        run = checks.rotate(lambda x, w: fn(x, w, b, y), xs, ws)
 
         def verify() -> list[Check]:
             fresh = _randn_dev((m, k), seed + 7919, device)

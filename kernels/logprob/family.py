@@ -115,11 +115,7 @@ class LogprobFamily(Family):
         gen.manual_seed(seed)
         tgts = [torch.randint(0, vocab, (rows,), generator=gen, device=device) for _ in range(copies)]
         lp, ent, _ = _outputs(rows, device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            fn(xs[state["i"]], tgts[state["i"]], temp, lp, ent)
+        run = checks.rotate(lambda x, t: fn(x, t, temp, lp, ent), xs, tgts)
 
         def verify() -> list[Check]:
             n = min(rows, 64)  # the fp64 reference of a 32K x 152K batch would need 40 GB

@@ -115,11 +115,7 @@ class MoERoutingFamily(Family):
         g = checks.generator(seed)
         xs = [checks.randn((rows, experts), g, torch.bfloat16, device) for _ in range(copies)]
         w, w32, ids = _outputs(rows, top_k, device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            fn(xs[state["i"]], w, ids, w32)
+        run = checks.rotate(lambda x: fn(x, w, ids, w32), xs)
 
         def verify() -> list[Check]:
             fresh = checks.randn((rows, experts), checks.generator(seed + 7919), torch.bfloat16, device)

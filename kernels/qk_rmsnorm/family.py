@@ -113,11 +113,7 @@ class QKRMSNormFamily(Family):
         kw = checks.randn((d,), g, torch.bfloat16, device, 0.5) + 1.0
         qo = torch.empty((T, hq, d), dtype=torch.bfloat16, device=device)
         ko = torch.empty((T, hk, d), dtype=torch.bfloat16, device=device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            fn(qs[state["i"]], ks[state["i"]], qw, kw, EPS, qo, ko)
+        run = checks.rotate(lambda q, k: fn(q, k, qw, kw, EPS, qo, ko), qs, ks)
 
         def verify() -> list[Check]:
             fg = checks.generator(seed + 7919)

@@ -93,11 +93,7 @@ class RMSNormFamily(Family):
         xs = [checks.randn((rows, hidden), g, torch.bfloat16, device) for _ in range(copies)]
         w = checks.randn((hidden,), g, torch.bfloat16, device, 0.5) + 1.0
         y = torch.empty((rows, hidden), dtype=torch.bfloat16, device=device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            fn(xs[state["i"]], w, EPS, y)
+        run = checks.rotate(lambda x: fn(x, w, EPS, y), xs)
 
         def verify() -> list[Check]:
             fresh = checks.randn((rows, hidden), checks.generator(seed + 7919), torch.bfloat16, device)

@@ -166,11 +166,7 @@ class RoPEFamily(Family):
         ks = [checks.randn((T, hk, d), g, torch.bfloat16, device) for _ in range(copies)]
         qo = torch.empty((T, hq, d), dtype=torch.bfloat16, device=device)
         ko = torch.empty((T, hk, d), dtype=torch.bfloat16, device=device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            fn(qs[state["i"]], ks[state["i"]], cos, sin, pos, qo, ko)
+        run = checks.rotate(lambda q, k: fn(q, k, cos, sin, pos, qo, ko), qs, ks)
 
         def verify() -> list[Check]:
             fg = checks.generator(seed + 7919)

@@ -118,12 +118,7 @@ class SiluMulFamily(Family):
         copies = checks.input_copies(device, T * row_bytes)
         gus = [checks.randn((T, 2 * inter), g, torch.bfloat16, device) for _ in range(copies)]
         y = torch.empty((T, inter), dtype=torch.bfloat16, device=device)
-        state = {"i": 0}
-
-        def run() -> None:
-            state["i"] = (state["i"] + 1) % copies
-            gu = gus[state["i"]]
-            fn(gu[:, :inter], gu[:, inter:], y)
+        run = checks.rotate(lambda gu: fn(gu[:, :inter], gu[:, inter:], y), gus)
 
         def verify() -> list[Check]:
             gu = checks.randn((T, 2 * inter), checks.generator(seed + 7919), torch.bfloat16, device)

@@ -101,9 +101,14 @@ for contract in ({"BLOCK_N": 64, "SPLIT_TOKENS": 0}, {"BLOCK_N": 32, "SPLIT_TOKE
                  {"BLOCK_N": 64, "SPLIT_TOKENS": 64}):
     path = {k.name: _rng.choice(k.values) for k in FAMILY.knobs if k.role != "contract"}
     _COMBOS.append({**path, **contract})
+# The load and loop variants every search can reach, pinned so each runs in CI whatever the draw above gives.
+for loop in ("flatten", "flat"):
+    _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "FULL_SPLIT_LOOP": loop, "FULL_KV_LOADS": "tma",
+                    "DECODE_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl", "BLOCK_M": 64})
 
 
-@pytest.mark.parametrize("knobs", _COMBOS, ids=lambda k: f"BN{k['BLOCK_N']}-split{k['SPLIT_TOKENS']}")
+@pytest.mark.parametrize("knobs", _COMBOS, ids=lambda k: f"BN{k['BLOCK_N']}-split{k['SPLIT_TOKENS']}-"
+                         f"{k.get('FULL_SPLIT_LOOP')}-{k.get('FULL_KV_LOADS')}")
 def test_sampled_knob_combos_stay_consistent(knobs):
     case = {"batch": 1, "q_heads": 4, "kv_heads": 1, "head_dim": 64, "prompt": 50, "answer": 16, "scale": 0.5}
     results = FAMILY.run_checks(load(with_knobs(FAMILY.root_source(), **knobs)), case, 2, "cpu")

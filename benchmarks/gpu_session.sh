@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
+# measurements named in $@ (attention VARIANTS_JSON | model | rowwise_sweep | ops FAMILIES), each under its own
+# time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
+set -u
+OUT=${OUT:-/tmp/out}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .whl/optuna*.whl .whl/omegaconf*.whl .whl/lmdb*.whl .whl/alembic*.whl .whl/sqlalchemy*.whl .whl/colorlog*.whl \
+  .whl/mako*.whl .whl/greenlet*.whl .whl/liger_kernel*.whl >/dev/null 2>&1 || echo "wheel install failed"
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+while [ $# -gt 0 ]; do
+  step=$1; shift
+  case $step in
+    attention) v=$1; shift
+      timeout 380 python3 benchmarks/attention_gpu.py --variants-json "$v" --budget-s 330 \
+        --out "$OUT/attention_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
+    attention_full)
+      timeout 540 python3 benchmarks/attention_gpu.py --budget-s 500 --out "$OUT/attention_full.json" 2>&1 | tail -40 ;;
+    model)
+      timeout 150 python3 benchmarks/model_consistency_gpu.py --out "$OUT/model_consistency.json" 2>&1 | tail -15 ;;
+    rowwise_sweep)
+      timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep --out "$OUT" 2>&1 | tail -30 ;;
+    ops) f=$1; shift
+      timeout 300 python3 benchmarks/ops_gpu.py --families "$f" --out "$OUT" 2>&1 | tail -40 ;;
+    campaign_attention)  # the knob search on six grid cells, fork-server audits (spawn if the root audit fails)
+      only='workloads.only=[prefill.B1.S4K,prefill.B1.S16K,train_forward.B4.S4K+128,decode.B1.ctx1K,decode.B1.ctx8K,decode.B16.ctx8K]'
+      for ex in forkserver spawn; do
+        run=/tmp/runs/attention_$ex; t0=$(date +%s)
+        timeout $(( ${CAMPAIGN_WALL_S:-330} + 90 )) python3 -m tik_evo.cli run campaigns/h200_attention.yaml "$only" search.max_evaluations=${CAMPAIGN_EVALS:-16} search.seed=${CAMPAIGN_SEED:-0} \
+          search.wall_time_s=${CAMPAIGN_WALL_S:-330} evaluate.retime_best=false evaluate.executor=$ex store.path=$run 2>&1 | tail -8
+        rc=$?; echo "executor $ex: rc $rc after $(( $(date +%s) - t0 )) s"
+        python3 -m tik_evo.cli status $run | tail -20
+        python3 -m tik_evo.cli lineage $run > "$OUT/campaign_lineage.txt" 2>&1
+        python3 -m tik_evo.cli export $run -o "$OUT/campaign_export.jsonl" && gzip -f "$OUT/campaign_export.jsonl"
+        python3 benchmarks/campaign_summary.py $run "$OUT/campaign.json" 2>&1 | tail -3
+        [ $(( $(date +%s) - t0 )) -gt 120 ] && break
+      done ;;
+    *) echo "unknown step $step" ;;
+  esac
+done
