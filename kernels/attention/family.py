@@ -69,8 +69,12 @@ class AttentionFamily(Family):
              "one decode program per KV head with its query heads as rows (True) or one per query head (False)"),
         Knob("DECODE_NUM_WARPS", (4, 8), "decode", "warps per decode program"),
         Knob("DECODE_NUM_STAGES", (1, 2, 3, 4), "decode", "software pipelining depth of the decode KV loop"),
-        Knob("DECODE_CHUNKS_PER_PROGRAM", (1, 2, 4), "decode",
-             "split-KV chunks computed by one decode program (each still written as its own partial)"),
+        Knob("DECODE_CHUNKS_PER_PROGRAM", (1, 2, 4, 0), "decode",
+             "split-KV chunks computed by one decode program (each still written as its own partial); 0 = as "
+             "many as still leaves two programs per SM"),
+        Knob("DECODE_CHUNK_LOOP", ("nested", "flatten"), "decode",
+             "with several chunks per decode program: one loop per chunk (nested) or the whole chunks as one "
+             "flattened, pipelined loop nest (flatten)"),
         Knob("DECODE_KV_LOADS", ("pointer", "tma"), "decode",
              "how decode loads K/V tiles of whole blocks below the context length: pointers or TMA descriptors"),
         Knob("DECODE_MERGE_LAUNCH", ("plain", "pdl"), "decode",
@@ -93,7 +97,7 @@ class AttentionFamily(Family):
             OpportunitySpec("decode_schedule", "Tune the memory-bound decode launch: GQA packing, tile rows, warps, "
                             "pipelining and chunks per program", paths=("decode",),
                             knobs=("DECODE_PACK_GQA", "DECODE_BLOCK_M", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES",
-                                   "DECODE_CHUNKS_PER_PROGRAM")),
+                                   "DECODE_CHUNKS_PER_PROGRAM", "DECODE_CHUNK_LOOP")),
             OpportunitySpec("prefill_hopper", "Load K/V tiles with TMA tensor descriptors and let the compiler "
                             "flatten the split-KV chunk loop nest into one software pipeline; beyond the knobs, "
                             "warp-specialise loads and MMAs or make the prefill grid persistent. Keep the dot shapes, "

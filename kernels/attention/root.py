@@ -31,6 +31,7 @@ KNOBS = {
     "DECODE_NUM_WARPS": 4,
     "DECODE_NUM_STAGES": 3,
     "DECODE_CHUNKS_PER_PROGRAM": 1,
+    "DECODE_CHUNK_LOOP": "nested",
     "DECODE_KV_LOADS": "pointer",
     "DECODE_MERGE_LAUNCH": "plain",
 }
@@ -227,8 +228,8 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
 @triton.jit
 def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                   PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, TMA: tl.constexpr,
-                   PDL: tl.constexpr, WRITE32: tl.constexpr):
+                   PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr,
+                   TMA: tl.constexpr, PDL: tl.constexpr, WRITE32: tl.constexpr):
     """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile."""
     if PDL:
         gdc_launch_dependents()  # the merge launch may start now; it waits for this grid before reading
@@ -261,15 +262,31 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
         if WRITE32:
             tl.store(O32 + io, o, mask=row_ok[:, None])
     else:
-        c_hi = tl.minimum(g * CHUNKS_PER_PROGRAM + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
-        for c in range(g * CHUNKS_PER_PROGRAM, c_hi):
+        c_lo = g * CHUNKS_PER_PROGRAM
+        c_hi = tl.minimum(c_lo + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
+        ws_row = qrow.to(tl.int64) * N_CHUNKS
+        if CHUNK_LOOP == "flatten":
+            # This program's whole chunks (every key valid) as one loop nest the compiler flattens into one
+            # software pipeline; the partial last chunk of the sequence, if it is ours, goes below.
+            c_whole = tl.maximum(tl.minimum(c_hi, n_full // SPLIT), c_lo)
+            for c in tl.range(c_lo, c_whole, flatten=True):
+                acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
+                acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, c * SPLIT, c * SPLIT + SPLIT, n, row_limit, qk_scale,
+                                      HEAD_D, BLOCK_N, False, TMA)
+                _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
+            c_lo = c_whole
+        for c in range(c_lo, c_hi):
             lo = c * SPLIT
             acc, m_i, l_i = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
                                    BLOCK_M, HEAD_D, BLOCK_N, TMA)
-            ws = qrow.to(tl.int64) * N_CHUNKS + c
-            tl.store(M_WS + ws, m_i, mask=row_ok)
-            tl.store(L_WS + ws, l_i, mask=row_ok)
-            tl.store(ACC_WS + ws[:, None] * HEAD_D + offs_d[None, :], acc, mask=row_ok[:, None])
+            _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
+
+
+@triton.jit
+def _store_partial(M_WS, L_WS, ACC_WS, ws, offs_d, ok, m_i, l_i, acc, HEAD_D: tl.constexpr):
+    tl.store(M_WS + ws, m_i, mask=ok)
+    tl.store(L_WS + ws, l_i, mask=ok)
+    tl.store(ACC_WS + ws[:, None] * HEAD_D + offs_d[None, :], acc, mask=ok[:, None])
 
 
 @triton.jit
@@ -321,6 +338,12 @@ def _qk_scale(sm_scale: float) -> float:
     return float(sm_scale) * LOG2E
 
 
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter: CPU tests then reach several chunks per program
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _tma_alloc(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
@@ -365,6 +388,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     pdl = bool(split) and KNOBS["DECODE_MERGE_LAUNCH"] == "pdl" and q.is_cuda
     if split:
         n_chunks = triton.cdiv(s_cap, split)
+        if cpp == 0:  # "auto": the fewest programs that still give every SM two (which program computes a
+            # chunk does not change its bits: each chunk starts fresh and is written as its own partial)
+            programs = B * (HKV if pack else HQ)
+            cpp = 1
+            while cpp < n_chunks and triton.cdiv(n_chunks, 2 * cpp) * programs >= 2 * _sm_count(q.device):
+                cpp *= 2
         m_ws = torch.empty((B * HQ * n_chunks,), dtype=torch.float32, device=q.device)
         l_ws = torch.empty_like(m_ws)
         acc_ws = torch.empty((B * HQ * n_chunks * D,), dtype=torch.float32, device=q.device)
@@ -375,7 +404,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     _decode_kernel[grid](
         q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, B * HKV * s_cap, n_chunks, qk_scale,
         HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
-        CHUNKS_PER_PROGRAM=cpp, TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
+        CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"], TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
         WRITE32=out32 is not None, num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
     )
     if split:

@@ -93,6 +93,18 @@ def test_split_kv_mha_passes_every_case():
     assert not failed(results), failed(results)
 
 
+@pytest.mark.parametrize("loop", ["nested", "flatten"])
+def test_decode_programs_owning_several_chunks_agree(loop):
+    # "auto" chunks per program (several per program here) with both chunk loops: whole chunks and the
+    # partial last chunk split between the flattened loop and the per-chunk loop, in mixed-length batches.
+    src = with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=32, BLOCK_M=64, DECODE_CHUNKS_PER_PROGRAM=0,
+                     DECODE_CHUNK_LOOP=loop)
+    mod = load(src)
+    case = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 61, "answer": 20, "scale": 1.0}
+    results = FAMILY.run_checks(mod, case, 3, "cpu")
+    assert not failed(results), failed(results)
+
+
 # Knob combinations the search may choose: path-only knobs from the legal space; contract knobs scaled down so
 # that the tiny CPU shapes still cross block and chunk edges (the legal splits are >= 256 tokens).
 _rng = random.Random(0)
@@ -102,9 +114,10 @@ for contract in ({"BLOCK_N": 64, "SPLIT_TOKENS": 0}, {"BLOCK_N": 32, "SPLIT_TOKE
     path = {k.name: _rng.choice(k.values) for k in FAMILY.knobs if k.role != "contract"}
     _COMBOS.append({**path, **contract})
 # The load and loop variants every search can reach, pinned so each runs in CI whatever the draw above gives.
-for loop in ("flatten", "flat"):
+for loop, cpp in (("flatten", 0), ("flat", 2)):
     _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "FULL_SPLIT_LOOP": loop, "FULL_KV_LOADS": "tma",
-                    "DECODE_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl", "BLOCK_M": 64})
+                    "DECODE_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl", "BLOCK_M": 64,
+                    "DECODE_CHUNKS_PER_PROGRAM": cpp, "DECODE_CHUNK_LOOP": "flatten"})
 
 
 @pytest.mark.parametrize("knobs", _COMBOS, ids=lambda k: f"BN{k['BLOCK_N']}-split{k['SPLIT_TOKENS']}-"
