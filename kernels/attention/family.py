@@ -68,7 +68,9 @@ class AttentionFamily(Family):
         Knob("DECODE_PACK_GQA", (True, False), "decode",
              "one decode program per KV head with its query heads as rows (True) or one per query head (False)"),
         Knob("DECODE_NUM_WARPS", (4, 8), "decode", "warps per decode program"),
-        Knob("DECODE_NUM_STAGES", (1, 2, 3, 4), "decode", "software pipelining depth of the decode KV loop"),
+        Knob("DECODE_NUM_STAGES", (1, 2, 3, 4, 5, 6), "decode",
+             "software pipelining depth of the decode KV loop: K/V blocks in flight per program, what bounds a "
+             "program's bandwidth when few programs run (6 stages: 213 KB of shared memory on Hopper)"),
         Knob("DECODE_CHUNKS_PER_PROGRAM", (1, 2, 4, 0), "decode",
              "split-KV chunks computed by one decode program (each still written as its own partial); 0 = as "
              "many as still leaves two programs per SM"),
