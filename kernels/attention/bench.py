@@ -229,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-seeds", default="0,1", help="seeds of the root's consistency checks (others: 0)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new work after this")
     ap.add_argument("--quick", action="store_true", help="consistency on the small case only, fewer cells")
+    ap.add_argument("--grid", action="store_true",
+                    help="time every cell of workloads/attention_grid.yaml (48) and report per-phase geomeans "
+                         "against the peers")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("tik-evo bench attention needs a CUDA GPU", file=sys.stderr)
@@ -289,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         save()
 
     decode_cells = DECODE_CELLS[:1] + DECODE_CELLS[4:] if args.sweep else DECODE_CELLS
+    if args.grid:
+        decode_cells, grid_prefill = grid_cells()
     for B, ctx in decode_cells:
         if left() < 20:
             report["skipped"].append(f"decode B{B} ctx{ctx}")
@@ -299,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     cells = PREFILL_CELLS[:4] if args.quick else PREFILL_CELLS
     if args.sweep:
         cells = [PREFILL_CELLS[0], PREFILL_CELLS[2], PREFILL_CELLS[4], PREFILL_CELLS[6]]
+    if args.grid:
+        cells = grid_prefill
     for phase, B, S in cells:
         if left() < 25:
             report["skipped"].append(f"{phase} B{B} S{S}")
@@ -314,9 +321,49 @@ def main(argv: list[str] | None = None) -> int:
         bench.run()
         report.setdefault("verify", []).append({"workload": wl, "checks": [c.to_dict() for c in bench.verify()]})
     report["seconds"] = time.time() - t_start
+    report["geomean_speedup_vs_peer"] = geomeans(report["timings"])
     save()
     print_table(report)
     return 0
+
+
+def grid_cells() -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:
+    """Decode (batch, context) and prefill/train_forward (phase, batch, length) cells of the paper grid."""
+    import yaml
+
+    grid = yaml.safe_load((Path(__file__).resolve().parents[2] / "workloads" / "attention_grid.yaml").read_text())
+    decode, prefill = [], []
+    for w in grid["workloads"]:
+        assert (w["q_heads"], w["kv_heads"], w["head_dim"]) == (HQ, HKV, D), w["name"]
+        if w["phase"] == "decode":
+            decode.append((w["batch"], w["context"]))
+        elif w["phase"] == "prefill":
+            prefill.append(("prefill", w["batch"], w["seq"]))
+        else:
+            prefill.append(("train_forward", w["batch"], w["prompt"] + w["answer"]))
+    return decode, prefill
+
+
+def geomeans(timings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per phase and implementation: geometric mean over the timed cells of peer time / implementation time
+    (> 1: faster than the peer). Peers: cuDNN SDPA for prefill and train_forward, default SDPA for decode."""
+    peer_of = {"prefill": "sdpa_cudnn", "train_forward": "sdpa_cudnn", "decode": "sdpa"}
+    by_cell: dict[str, dict[str, dict]] = {}
+    for r in timings:
+        by_cell.setdefault(r["cell"], {})[r["impl"]] = r
+    logs: dict[tuple[str, str], list[float]] = {}
+    for impls in by_cell.values():
+        for name, r in impls.items():
+            unit = "us" if r["phase"] == "decode" else "ms"
+            peer = impls.get(peer_of[r["phase"]], {})
+            if name.startswith("sdpa") or unit not in r or unit not in peer:
+                continue
+            logs.setdefault((r["phase"], name), []).append(math.log(peer[unit] / r[unit]))
+    out: dict[str, dict[str, float]] = {}
+    for (phase, name), xs in logs.items():
+        out.setdefault(phase, {})[name] = math.exp(sum(xs) / len(xs))
+        out[phase][name + "_cells"] = len(xs)
+    return out
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -332,6 +379,9 @@ def print_table(report: dict[str, Any]) -> None:
         unit = "us" if cell.startswith("decode") else "ms"
         parts = [f"{n}={r[unit]:.3g}" if unit in r else f"{n}=ERR" for n, r in impls.items()]
         print(f"{cell:28s} {unit}: " + " ".join(parts))
+    for phase, g in report.get("geomean_speedup_vs_peer", {}).items():
+        print(f"geomean peer/ours {phase:14s} " + " ".join(f"{n}={v:.3f} over {g[n + '_cells']} cells"
+                                                         for n, v in g.items() if not n.endswith("_cells")))
     for v in report.get("verify", []):
         print("verify", v["workload"]["phase"], all(c["passed"] for c in v["checks"]))
     if report["skipped"]:

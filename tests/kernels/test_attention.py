@@ -213,3 +213,22 @@ def test_bench_needs_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
     assert bench.main([]) == 2
+
+
+def test_bench_grid_and_geomeans():
+    from kernels.attention.bench import geomeans, grid_cells
+
+    decode, prefill = grid_cells()
+    assert len(decode) == 16 and len(prefill) == 32  # the paper grid: 16 decode, 16 prefill, 16 train_forward
+    assert ("train_forward", 4, 4096 + 128) in prefill and (16, 8192) in decode
+    rows = [{"phase": "decode", "cell": "a", "impl": "sdpa", "us": 10.0},
+            {"phase": "decode", "cell": "a", "impl": "root", "us": 20.0},
+            {"phase": "decode", "cell": "b", "impl": "sdpa", "us": 10.0},
+            {"phase": "decode", "cell": "b", "impl": "root", "us": 2.5},
+            {"phase": "prefill", "cell": "p", "impl": "sdpa_cudnn", "ms": 3.0},
+            {"phase": "prefill", "cell": "p", "impl": "sdpa_flash", "ms": 1.0},
+            {"phase": "prefill", "cell": "p", "impl": "root", "ms": 4.0},
+            {"phase": "prefill", "cell": "q", "impl": "root", "error": "boom"}]
+    g = geomeans(rows)
+    assert g["decode"]["root"] == pytest.approx(math.sqrt(2)) and g["decode"]["root_cells"] == 2  # 0.5 and 4
+    assert g["prefill"]["root"] == pytest.approx(0.75) and g["prefill"]["root_cells"] == 1  # cuDNN is the peer
