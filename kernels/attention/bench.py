@@ -70,9 +70,10 @@ SWEEP: dict[str, dict[str, Any]] = {
 SWEEP_CHECKS = ("x_root", "x_split1024_flat_s3", "x_split1024_nested_s3", "d_split256_s4", "p_bn128_split1024_s3")
 
 
-def load_variant(name: str, changes: dict[str, Any], folder: Path):
-    """Write the root with ``changes`` applied to KNOBS as a real file (Triton needs one) and import it."""
-    source = FAMILY.root_source()
+def load_variant(name: str, changes: dict[str, Any], folder: Path, source: str | None = None):
+    """Write ``source`` (default: the root) with ``changes`` applied to KNOBS as a real file (Triton needs one)
+    and import it."""
+    source = FAMILY.root_source() if source is None else source
     knobs = {**read_knobs(source), **changes}
     path = folder / f"attention_{name}.py"
     path.write_text(write_knobs(source, knobs))
@@ -229,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-seeds", default="0,1", help="seeds of the root's consistency checks (others: 0)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting new work after this")
     ap.add_argument("--quick", action="store_true", help="consistency on the small case only, fewer cells")
+    ap.add_argument("--best", metavar="RUN_DIR", default=None,
+                    help="also time (and check) the best implementation of an attention run directory")
     ap.add_argument("--grid", action="store_true",
                     help="time every cell of workloads/attention_grid.yaml (48) and report per-phase geomeans "
                          "against the peers")
@@ -268,9 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     modules = {}
     for name in names:
         modules[name], report["variants"][name] = load_variant(name, table[name], tmp)
-    checked = [n for n in names if n in sweep_checks] if args.sweep else names
+    checked = [n for n in names if n in sweep_checks] if args.sweep else list(names)
     if args.check_variants is not None:
         checked = [n for n in args.check_variants.split(",") if n]
+    if args.best:
+        best_id, best_source = best_of(Path(args.best))
+        name = f"best_{best_id}"
+        modules[name], report["variants"][name] = load_variant(name, {}, tmp, best_source)
+        report["best_run"] = {"run_dir": str(args.best), "impl": best_id}
+        checked.append(name)  # an implementation from a run is always re-checked on this GPU
     prefill_mods = {n: m for n, m in modules.items() if not n.startswith("d_")}
     decode_mods = {n: m for n, m in modules.items() if not n.startswith("p_")}
 
@@ -325,6 +334,20 @@ def main(argv: list[str] | None = None) -> int:
     save()
     print_table(report)
     return 0
+
+
+def best_of(run_dir: Path) -> tuple[str, str]:
+    """(id, source) of the best implementation a run directory holds; it must be an attention run."""
+    from tik_evo.store import Store
+
+    with Store.open_reader(run_dir) as store:
+        state = store.state()
+        if state.get("family") != FAMILY.name:
+            raise SystemExit(f"{run_dir}: a run of family {state.get('family')!r}, not {FAMILY.name!r}")
+        if state.get("best") is None:
+            raise SystemExit(f"{run_dir}: no best implementation yet (the root audit has not finished)")
+        impl = store.get(state["best"])
+        return impl.id, store.source(impl.source_hash)
 
 
 def grid_cells() -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:

@@ -232,3 +232,22 @@ def test_bench_grid_and_geomeans():
     g = geomeans(rows)
     assert g["decode"]["root"] == pytest.approx(math.sqrt(2)) and g["decode"]["root_cells"] == 2  # 0.5 and 4
     assert g["prefill"]["root"] == pytest.approx(0.75) and g["prefill"]["root_cells"] == 1  # cuDNN is the peer
+
+
+def test_bench_takes_the_best_of_a_run(tmp_path):
+    from kernels.attention.bench import best_of
+    from tik_evo.records import Implementation
+    from tik_evo.store import Store
+
+    source = with_knobs(FAMILY.root_source(), FULL_KV_LOADS="tma")
+    for name, family, best in (("att", "attention", True), ("rms", "rmsnorm", True), ("new", "attention", False)):
+        with Store.create(tmp_path / name) as store, store.transaction() as t:
+            t.state["family"] = family
+            t.put(Implementation("I0", t.put_source(source), [], "root", "best"))
+            t.state["best"] = "I0" if best else None
+    impl_id, text = best_of(tmp_path / "att")
+    assert impl_id == "I0" and text == source
+    with pytest.raises(SystemExit, match="family 'rmsnorm', not 'attention'"):
+        best_of(tmp_path / "rms")
+    with pytest.raises(SystemExit, match="no best implementation yet"):
+        best_of(tmp_path / "new")
