@@ -251,3 +251,25 @@ def test_bench_takes_the_best_of_a_run(tmp_path):
         best_of(tmp_path / "rms")
     with pytest.raises(SystemExit, match="no best implementation yet"):
         best_of(tmp_path / "new")
+
+
+def test_root_and_hopper_knobs_compile_for_hopper():
+    # The interpreter never compiles; this catches sources that run on the CPU but do not build for sm_90a.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    for knobs, tma in (({}, False), ({"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma",
+                                      "DECODE_MERGE_LAUNCH": "pdl", "DECODE_CHUNKS_PER_PROGRAM": 0,
+                                      "DECODE_CHUNK_LOOP": "flatten"}, True)):
+        r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
+                            "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        rep = json.loads(r.stdout)
+        for path in ("prefill", "decode"):
+            assert rep[path]["HGMMA"] > 0 and rep[path]["spill_store_bytes"] == 0, (knobs, path, rep[path])
+            assert 0 < rep[path]["shared_bytes"] <= 227 * 1024
+        assert (rep["prefill"]["UTMALDG"] > 0) == tma
