@@ -20,6 +20,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 KNOBS = {
     "BLOCK_N": 64,
+    "ROW_SUM": "reduce",
     "SPLIT_TOKENS": 1024,
     "BLOCK_M": 128,
     "FULL_NUM_WARPS": 8,
@@ -37,6 +38,10 @@ KNOBS = {
 }
 
 LOG2E = 1.4426950408889634
+# Row sums as a reduction over the dot's accumulator layout, or as a dot with a ones vector. The reduction
+# rounds differently in 16-row (mma.sync) and 64-row (wgmma) tiles; the dot is the same in every tile, which
+# lets decode use tiles of fewer than 64 rows (one contract value for both paths, read as a global constexpr).
+ROW_SUM_DOT = tl.constexpr(KNOBS["ROW_SUM"] == "dot")
 
 
 @triton.jit
@@ -78,9 +83,17 @@ def _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N: t
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet: avoid (-inf) - (-inf)
     p = tl.math.exp2(tl.math.fma(s, qk_scale, -(m_use * qk_scale)[:, None]))
     alpha = tl.math.exp2((m_i - m_use) * qk_scale)
-    l_i = tl.math.fma(l_i, alpha, tl.sum(p, 1))
+    p16 = p.to(tl.bfloat16)
+    if ROW_SUM_DOT:
+        # Sum of the bf16 probabilities the PV dot uses; every column of the product is that sum, so the max
+        # over columns picks it exactly.
+        ones = tl.full([BLOCK_N, 16], 1.0, tl.float32).to(tl.bfloat16)  # (the interpreter lacks bf16 full)
+        row_sum = tl.max(tl.dot(p16, ones), 1)
+    else:
+        row_sum = tl.sum(p, 1)
+    l_i = tl.math.fma(l_i, alpha, row_sum)
     acc = acc * alpha[:, None]
-    acc = tl.dot(p.to(tl.bfloat16), v, acc)
+    acc = tl.dot(p16, v, acc)
     return acc, m_new, l_i
 
 
@@ -380,7 +393,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     group = HQ // HKV
     split = KNOBS["SPLIT_TOKENS"]
     pack = KNOBS["DECODE_PACK_GQA"]
-    block_m = max(KNOBS["DECODE_BLOCK_M"], triton.next_power_of_2(group)) if pack else KNOBS["DECODE_BLOCK_M"]
+    block_m = KNOBS["DECODE_BLOCK_M"] if KNOBS["ROW_SUM"] == "dot" else max(KNOBS["DECODE_BLOCK_M"], 64)
+    block_m = max(block_m, triton.next_power_of_2(group)) if pack else block_m
     cpp = KNOBS["DECODE_CHUNKS_PER_PROGRAM"]
     o32 = out32 if out32 is not None else out
     qk_scale = _qk_scale(sm_scale)

@@ -64,7 +64,11 @@ def test_knob_space_matches_root():
     for split in FAMILY.knob("SPLIT_TOKENS").values:
         assert all(split % bn == 0 for bn in FAMILY.knob("BLOCK_N").values)
     # Hopper: both paths stay in the wgmma layout family.
-    assert min(FAMILY.knob("BLOCK_M").values) >= 64 and min(FAMILY.knob("DECODE_BLOCK_M").values) >= 64
+    # Row sums reduced over the accumulator round by MMA layout: prefill tiles stay >= 64 rows, and decode tiles
+    # below 64 rows are only launched with the layout-free (dot) row sum, a contract knob.
+    assert min(FAMILY.knob("BLOCK_M").values) >= 64 and FAMILY.knob("ROW_SUM").role == "contract"
+    assert 'KNOBS["DECODE_BLOCK_M"] if KNOBS["ROW_SUM"] == "dot" else max(KNOBS["DECODE_BLOCK_M"], 64)' in \
+        FAMILY.root_source()
     for opp in FAMILY.opportunities():
         assert all(n in knobs for n in opp.knobs), opp.kind
 
@@ -118,10 +122,13 @@ for loop, cpp in (("flatten", 0), ("flat", 2)):
     _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "FULL_SPLIT_LOOP": loop, "FULL_KV_LOADS": "tma",
                     "DECODE_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl", "BLOCK_M": 64,
                     "DECODE_CHUNKS_PER_PROGRAM": cpp, "DECODE_CHUNK_LOOP": "flatten"})
+for tile in (16, 32):  # the layout-free row sum lets decode use tiles below 64 rows
+    _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "dot", "DECODE_BLOCK_M": tile, "BLOCK_M": 64})
 
 
 @pytest.mark.parametrize("knobs", _COMBOS, ids=lambda k: f"BN{k['BLOCK_N']}-split{k['SPLIT_TOKENS']}-"
-                         f"{k.get('FULL_SPLIT_LOOP')}-{k.get('FULL_KV_LOADS')}")
+                         f"{k.get('FULL_SPLIT_LOOP')}-{k.get('FULL_KV_LOADS')}-{k.get('ROW_SUM', 'reduce')}"
+                         f"{k.get('DECODE_BLOCK_M', '')}")
 def test_sampled_knob_combos_stay_consistent(knobs):
     case = {"batch": 1, "q_heads": 4, "kv_heads": 1, "head_dim": 64, "prompt": 50, "answer": 16, "scale": 0.5}
     results = FAMILY.run_checks(load(with_knobs(FAMILY.root_source(), **knobs)), case, 2, "cpu")
