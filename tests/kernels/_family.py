@@ -6,6 +6,7 @@ even like the GPU, so CPU checks that compare against torch's bf16 rounding are 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from types import ModuleType, SimpleNamespace
@@ -26,16 +27,23 @@ def load_source(source: str, tag: str = "cand") -> ModuleType:
     return candidate.load_source(source, tag)
 
 
-def load_with_knobs(family, **changes) -> ModuleType:
+def root_with_knobs(family, changes: dict, declared_values: bool = True) -> str:
+    """The root's source with ``changes`` written into KNOBS (each a knob of the root; with
+    ``declared_values`` also one of the family's declared values)."""
     from tik_evo.knobs import read_knobs, write_knobs
 
     src = family.root_source()
+    if not changes:
+        return src
     knobs = read_knobs(src)
     for k, v in changes.items():
         assert k in knobs, k
-        assert v in family.knob(k).values, (k, v)
-    knobs.update(changes)
-    return load_source(write_knobs(src, knobs), family.name)
+        assert not declared_values or v in family.knob(k).values, (k, v)
+    return write_knobs(src, {**knobs, **changes})
+
+
+def load_with_knobs(family, **changes) -> ModuleType:
+    return load_source(root_with_knobs(family, changes), family.name)
 
 
 def hybrid(family, decode_knobs: dict, full_knobs: dict | None = None) -> ModuleType:
@@ -57,9 +65,10 @@ def split_paths(full: ModuleType, decode: ModuleType) -> SimpleNamespace:
     return ns
 
 
-def failures(family, impl, level="full", seeds=(0,)):
+def failures(family, impl, level="full", seeds=(0,), cases=None):
+    """(name, kind, details) of every failed check over ``cases`` (default: the family's cases at ``level``)."""
     bad = []
-    for case in family.check_cases(level):
+    for case in cases or family.check_cases(level):
         for seed in seeds:
             for c in family.run_checks(impl, case, seed, "cpu"):
                 if not c.passed:
@@ -72,22 +81,13 @@ def family(name: str):
 
 
 def loader(fam):
-    """`load(tag, source_edit, **knobs)` and `failures(impl, seeds, cases)` bound to one family."""
-    from tik_evo.knobs import read_knobs, write_knobs
+    """`load(tag, source_edit, **knobs)` and `failures(impl, seeds, cases)` bound to one family (knob values
+    outside the declared ones allowed: CPU tests scale contract knobs down to tiny shapes)."""
 
     def load(tag="root", source_edit=None, **knobs):
-        src = fam.root_source()
-        if knobs:
-            src = write_knobs(src, {**read_knobs(src), **knobs})
+        src = root_with_knobs(fam, knobs, declared_values=False)
         if source_edit:
             src = source_edit(src)
         return load_source(src, f"{fam.name}_{tag}")
 
-    def failures(impl, seeds=(0,), cases=None):
-        out = []
-        for case in cases or fam.check_cases("full"):
-            for seed in seeds:
-                out += [(c.name, c.kind, c.details) for c in fam.run_checks(impl, case, seed, "cpu") if not c.passed]
-        return out
-
-    return load, failures
+    return load, functools.partial(failures, fam)
