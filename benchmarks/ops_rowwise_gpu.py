@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tik_evo import checks  # noqa: E402
+from tik_evo.timing import graph_replay_us  # noqa: E402
 
 FAMILIES = ("add_rmsnorm", "silu_mul", "rope", "qk_rmsnorm", "embedding", "kv_append")
 EPS = 1e-6
@@ -203,34 +204,11 @@ def time_full(fn) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")) * 1e3  # us
 
 
-def time_graph(fn, calls: int = GRAPH_CALLS, reps: int = 30) -> float:
-    """Per-launch time of `calls` launches captured in one CUDA graph (median over replays)."""
+def time_graph(fn) -> float:
+    """Per-launch time of GRAPH_CALLS launches captured in one CUDA graph (median over replays)."""
     if DEVICE != "cuda":
         return _wall_us(fn)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    times.sort()
-    return times[len(times) // 2]
+    return graph_replay_us(fn, calls=GRAPH_CALLS)
 
 
 def copy_ceiling() -> dict:

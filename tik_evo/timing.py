@@ -62,6 +62,37 @@ def _cuda(bench: Bench, cfg: dict[str, Any]) -> dict[str, Any]:
     return _summary([s / 1e3 for s in samples], timer)
 
 
+def graph_replay_us(fn, calls: int = 20, replays: int = 30) -> float:
+    """Benchmarks' decode timer: median microseconds per call over ``replays`` replays of one CUDA graph that
+    captured ``calls`` calls of ``fn`` (zero-arg; it may cycle through input sets), after 3 warm-up calls on a
+    side stream (as capture requires) and 3 warm-up replays. Ours and the peers are timed by this one function."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return sorted(times)[len(times) // 2]
+
+
 def timer_of(measurements: dict[str, dict[str, Any]]) -> str:
     """The timers behind a set of measurements, e.g. "cuda-event+cuda-graph"."""
     return "+".join(sorted({m.get("timer", "") for m in measurements.values()}))

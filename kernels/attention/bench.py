@@ -12,6 +12,7 @@ import argparse
 import datetime
 import functools
 import importlib.util
+import itertools
 import json
 import math
 import sys
@@ -25,6 +26,7 @@ import torch
 
 from kernels.attention.family import AttentionFamily
 from tik_evo.knobs import read_knobs, write_knobs
+from tik_evo.timing import graph_replay_us
 
 FAMILY = AttentionFamily()
 
@@ -95,30 +97,10 @@ def ceilings() -> dict[str, float]:
     return {"copy_TBps": 2 * x.numel() * 2 / ms / 1e9, "bf16_matmul_TFLOPs": 2 * 8192**3 / mm / 1e9}
 
 
-def graph_time_us(fn: Callable[[int], None], n_sets: int, calls: int = 20, replays: int = 30) -> float:
-    """Median time of one call, from CUDA-graph replays of ``calls`` calls cycling over the input sets."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i % n_sets)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(calls):
-            fn(i % n_sets)
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    times.sort()
-    return times[len(times) // 2]
+def graph_time_us(fn: Callable[[int], None], n_sets: int) -> float:
+    """Median time of one call, from CUDA-graph replays of 20 calls cycling over the input sets."""
+    sets = itertools.cycle(range(n_sets))
+    return graph_replay_us(lambda: fn(next(sets)))
 
 
 def _sdpa(backend: str):
