@@ -72,6 +72,19 @@ def _finish(m, s, t, z_target):
 
 
 @triton.jit
+def _write_row(row_ptr, tgt_ptr, row, m, s, t, temperature, lp_ptr, ent_ptr, lse_ptr,
+               APPLY_TEMP: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """A row's outputs from its folded statistics: the target's log-prob, the entropy and (for the backward)
+    the log-sum-exp; shared by the one-pass and the split+merge paths."""
+    z_t = _scaled(tl.load(row_ptr + tl.load(tgt_ptr + row).to(tl.int64)), temperature, APPLY_TEMP)
+    lp, ent, lse = _finish(m, s, t, z_t)
+    tl.store(lp_ptr + row, lp)
+    tl.store(ent_ptr + row, ent)
+    if WRITE_LSE:
+        tl.store(lse_ptr + row, lse)
+
+
+@triton.jit
 def _logprob_rows_kernel(x_ptr, tgt_ptr, lp_ptr, ent_ptr, lse_ptr, V, stride, split, temperature,
                          CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr, WRITE_LSE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -82,12 +95,7 @@ def _logprob_rows_kernel(x_ptr, tgt_ptr, lp_ptr, ent_ptr, lse_ptr, V, stride, sp
     for v_lo in range(0, V, split):
         m2, s2, t2 = _split_stats(row_ptr, v_lo, tl.minimum(v_lo + split, V), temperature, CHUNK, APPLY_TEMP)
         m, s, t = _fold(m, s, t, m2, s2, t2)
-    z_t = _scaled(tl.load(row_ptr + tl.load(tgt_ptr + row).to(tl.int64)), temperature, APPLY_TEMP)
-    lp, ent, lse = _finish(m, s, t, z_t)
-    tl.store(lp_ptr + row, lp)
-    tl.store(ent_ptr + row, ent)
-    if WRITE_LSE:
-        tl.store(lse_ptr + row, lse)
+    _write_row(row_ptr, tgt_ptr, row, m, s, t, temperature, lp_ptr, ent_ptr, lse_ptr, APPLY_TEMP, WRITE_LSE)
 
 
 @triton.jit
@@ -114,12 +122,8 @@ def _logprob_merge_kernel(x_ptr, tgt_ptr, ws_ptr, lp_ptr, ent_ptr, lse_ptr, stri
     for j in range(n_splits):
         base = ws_ptr + (row * n_splits + j) * 3
         m, s, t = _fold(m, s, t, tl.load(base), tl.load(base + 1), tl.load(base + 2))
-    z_t = _scaled(tl.load(x_ptr + row * stride + tl.load(tgt_ptr + row).to(tl.int64)), temperature, APPLY_TEMP)
-    lp, ent, lse = _finish(m, s, t, z_t)
-    tl.store(lp_ptr + row, lp)
-    tl.store(ent_ptr + row, ent)
-    if WRITE_LSE:
-        tl.store(lse_ptr + row, lse)
+    _write_row(x_ptr + row * stride, tgt_ptr, row, m, s, t, temperature, lp_ptr, ent_ptr, lse_ptr, APPLY_TEMP,
+               WRITE_LSE)
 
 
 @triton.jit
