@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
-# measurements named in $@ (attention VARIANTS_JSON | model | rowwise_sweep | ops FAMILIES), each under its own
+# measurements named in $@ (attention VARIANTS_JSON | attention_grid | attention_full | campaign_attention |
+# model | rowwise_sweep | ops FAMILIES), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}

@@ -16,7 +16,6 @@ import argparse
 import datetime
 import importlib
 import importlib.util
-import itertools
 import json
 import os
 import sys
@@ -253,12 +252,7 @@ def peers(family: str, workload: dict, liger, fam_mod) -> dict:
     first = peer_set(family, workload, liger, fam_mod, 123)
     n = checks.input_copies(DEVICE, torch.cuda.memory_allocated() - before)
     sets = [first] + [peer_set(family, workload, liger, fam_mod, 123 + i) for i in range(1, n)]
-    return {name: _cycle([s[name] for s in sets]) for name in first}
-
-
-def _cycle(fns):
-    it = itertools.cycle(fns)
-    return lambda: next(it)()
+    return {name: checks.rotate(lambda f: f(), [s[name] for s in sets]) for name in first}
 
 
 def peer_set(family: str, workload: dict, liger, fam_mod, seed: int) -> dict:

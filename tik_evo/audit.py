@@ -69,7 +69,7 @@ def executor_for(job: AuditJob, env: dict[str, str]):
     kind = job.evaluate.get("executor", "auto")
     if kind == "auto":
         # Forking a process that imported torch is safe while CUDA is uninitialised (the server never touches
-        # the GPU; each forked job initialises its own context). Measured on an H200: 41 audits, mean 17-21 s
+        # the GPU; each forked job initialises its own context). Measured on an H200: 42 audits, mean 17-21 s
         # against 30 s with a fresh interpreter per audit.
         kind = "forkserver"
     key = (kind, job.device, env.get("CUDA_VISIBLE_DEVICES"))

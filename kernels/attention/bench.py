@@ -12,7 +12,6 @@ import argparse
 import datetime
 import functools
 import importlib.util
-import itertools
 import json
 import math
 import sys
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 
 from kernels.attention.family import AttentionFamily
+from tik_evo import checks
 from tik_evo.knobs import read_knobs, write_knobs
 from tik_evo.timing import graph_replay_us
 
@@ -99,8 +99,7 @@ def ceilings() -> dict[str, float]:
 
 def graph_time_us(fn: Callable[[int], None], n_sets: int) -> float:
     """Median time of one call, from CUDA-graph replays of 20 calls cycling over the input sets."""
-    sets = itertools.cycle(range(n_sets))
-    return graph_replay_us(lambda: fn(next(sets)))
+    return graph_replay_us(checks.rotate(fn, list(range(n_sets))))
 
 
 def _sdpa(backend: str):
