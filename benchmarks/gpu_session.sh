@@ -16,9 +16,9 @@ while [ $# -gt 0 ]; do
     attention) v=$1; shift
       timeout 380 python3 benchmarks/attention_gpu.py --variants-json "$v" --budget-s 330 \
         --out "$OUT/attention_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
-    attention_grid)  # every cell of the paper grid, root and the Hopper variant, with per-phase geomeans
-      timeout 560 python3 benchmarks/attention_gpu.py --grid --variants root,hopper --check-variants hopper \
-        --budget-s 520 --out "$OUT/attention_grid.json" 2>&1 | tail -60 ;;
+    attention_grid)  # every cell of the paper grid, root and the Hopper variants (variants/attention_grid.json), with per-phase geomeans
+      timeout 580 python3 benchmarks/attention_gpu.py --grid --variants-json benchmarks/variants/attention_grid.json \
+        --check-variants hopper --budget-s 540 --out "$OUT/attention_grid.json" 2>&1 | tail -70 ;;
     attention_full)
       timeout 540 python3 benchmarks/attention_gpu.py --budget-s 500 --out "$OUT/attention_full.json" 2>&1 | tail -40 ;;
     model)
