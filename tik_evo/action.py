@@ -64,3 +64,12 @@ class Actor:
         except Exception:  # an operator bug must not end the run: it becomes a failed action
             proposal = Proposal(None, "joint", error="operator raised:\n" + traceback.format_exc(limit=4))
         return proposal, time.time() - t0
+
+    def after_audit(self, choice: Choice, proposal: Proposal, verdict: Any) -> list[dict[str, Any]]:
+        """The operator's follow-up opportunities once its offspring is judged (none if it raises)."""
+        parent = self.store.get(choice.parent)
+        ctx = ActionContext(self.family, parent, "", choice.opportunity, self.cfg, self.store, choice.trial)
+        try:
+            return list(self.operator(choice.operator).after_audit(ctx, proposal, verdict))
+        except Exception:  # noqa: BLE001 - follow-ups are advice; losing them must not lose the audit
+            return []

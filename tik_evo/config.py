@@ -70,6 +70,7 @@ class SearchConfig:
     reactivate_every: int = 6  # at every such multiple of kappa, reactivate the best archived implementation
     archive_factor: float = 1.25  # verified offspring slower than this x best go straight to the archive
     max_duplicates: int = 200  # proposals that repeat an existing source (not audited) before stopping
+    split_bundles: bool = True  # retry each knob of a faster but over-limit multi-knob offspring alone
 
 
 @dataclass

@@ -170,6 +170,8 @@ class Search:
             k = audit.failure_kind
             st["failures_by_kind"][k] = st["failures_by_kind"].get(k, 0) + 1
         lineage.apply(txn, iid, choice.parent, verdict, uid, self.cfg, failed, audit.failure or verdict.reason)
+        if not failed:
+            proposal.follow_ups += self.actor.after_audit(choice, proposal, verdict)
         self._use_opportunity(txn, choice.opportunity, proposal, uid)
         value = None if failed else trial_value(verdict.objective, verdict.best_objective)
         if value is not None and not verdict.admissible:
@@ -204,5 +206,6 @@ class Search:
             oid = txn.new_id("O")
             txn.put(Opportunity(oid, f.get("kind", "follow-up"), f.get("mechanism", ""),
                                 list(f.get("paths", ["full", "decode"])), list(f.get("knobs", [])),
-                                origin=f"audit:{audit_id}", evidence=[audit_id], created=time.time()))
+                                origin=f"{'split' if f.get('split') else 'audit'}:{audit_id}", evidence=[audit_id],
+                                created=time.time(), values=dict(f.get("values", {}))))
             st["pending_opportunities"].append(oid)

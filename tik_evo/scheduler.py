@@ -51,7 +51,10 @@ class Scheduler:
         if op not in operators:  # the static space still offers it; fall back deterministically
             op = operators[0]
         kind = trial.suggest_categorical(f"opportunity.{op}", self.kinds[op])
-        candidates = [o for o in pending if self._matches(o, kind)] or \
+        # Split bundles go first whatever kind was drawn: they are one-shot checks of a change already measured
+        # as faster, and the kind that produced them was just told a poor (over-limit) value.
+        splits = [o for o in pending if o.origin.startswith("split:") and o.kind in self.kinds[op]]
+        candidates = splits or [o for o in pending if self._matches(o, kind)] or \
             [o for o in pending if any(self._matches(o, k) for k in self.kinds[op])]
         # Oldest first, so opportunities proposed later (follow-ups) wait their turn rather than starve.
         opportunity = sorted(candidates, key=lambda o: (o.uses, int(o.id[1:])))[0]
@@ -64,9 +67,12 @@ class Scheduler:
 
     @staticmethod
     def _matches(opportunity: Opportunity, kind: str) -> bool:
+        # A split bundle keeps its family kind (the space stays static), and comes first among that kind's
+        # candidates because it has never been used.
+        split = opportunity.origin.startswith("split:")
         if kind == "follow-up":
-            return opportunity.origin != "family"
-        return opportunity.origin == "family" and opportunity.kind == kind
+            return opportunity.origin != "family" and not split
+        return (opportunity.origin == "family" or split) and opportunity.kind == kind
 
     def tell(self, trial_number: int, value: float | None, note: str = "") -> None:
         try:

@@ -48,3 +48,7 @@ class Operator(ABC):
 
     @abstractmethod
     def propose(self, ctx: ActionContext) -> Proposal: ...
+
+    def after_audit(self, ctx: ActionContext, proposal: Proposal, verdict: Any) -> list[dict[str, Any]]:
+        """Opportunities to add once the offspring's verdict is known (same form as Proposal.follow_ups)."""
+        return []

@@ -1,0 +1,120 @@
+"""Bundle splits: a faster but over-limit multi-knob offspring becomes one opportunity per knob, tried first
+with exactly the value it had."""
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from kernels.rmsnorm import FAMILY
+from tik_evo.config import Campaign
+from tik_evo.knobs import read_knobs
+from tik_evo.lineage import Verdict
+from tik_evo.operators.base import ActionContext, Proposal
+from tik_evo.operators.knob import KnobOperator
+from tik_evo.records import Implementation, Opportunity
+from tik_evo.scheduler import Scheduler
+from tik_evo.store import Store
+
+ROOT_DIR = Path(__file__).resolve().parents[2]
+ROOT_SRC = (ROOT_DIR / "kernels" / "rmsnorm" / "root.py").read_text()
+OPP = Opportunity("O3", "joint_tile", "retune", ["full", "decode"], ["BLOCK_H", "NUM_WARPS"], repeatable=True)
+
+
+class NoTrial:
+    def suggest_categorical(self, name, choices):
+        raise AssertionError(f"sampled {name} although the opportunity named its value")
+
+
+def ctx(opp, split=True, source=""):
+    cfg = OmegaConf.structured(Campaign)
+    cfg.search.split_bundles = split
+    parent = Implementation("I0", "h", [], "joint", "verified", None, None, None, 1.0, 0.0)
+    return ActionContext(FAMILY, parent, source, opp, cfg, None, NoTrial())
+
+
+def verdict(objective, best, over):
+    limits = {"w1": {"ok": not over}, "w2": {"ok": True}}
+    return Verdict(objective=objective, best_objective=best, admissible=not over, limits=limits)
+
+
+def test_faster_over_limit_bundle_splits_into_single_knob_opportunities():
+    prop = Proposal("src", "joint", params={"BLOCK_H": 1024, "NUM_WARPS": 8})
+    ups = KnobOperator().after_audit(ctx(OPP), prop, verdict(0.9, 1.0, over=True))
+    assert [(u["knobs"], u["values"], u["kind"], u["split"]) for u in ups] == [
+        (["BLOCK_H"], {"BLOCK_H": 1024}, "joint_tile", True), (["NUM_WARPS"], {"NUM_WARPS": 8}, "joint_tile", True)]
+    assert "w1" in ups[0]["mechanism"]
+
+
+def test_no_split_when_within_limits_slower_single_knob_or_disabled():
+    two = Proposal("src", "joint", params={"BLOCK_H": 1024, "NUM_WARPS": 8})
+    one = Proposal("src", "joint", params={"BLOCK_H": 1024})
+    op = KnobOperator()
+    assert op.after_audit(ctx(OPP), two, verdict(0.9, 1.0, over=False)) == []  # admissible: judged as is
+    assert op.after_audit(ctx(OPP), two, verdict(1.1, 1.0, over=True)) == []  # not faster: nothing to save
+    assert op.after_audit(ctx(OPP), one, verdict(0.9, 1.0, over=True)) == []
+    assert op.after_audit(ctx(OPP, split=False), two, verdict(0.9, 1.0, over=True)) == []
+
+
+def test_split_opportunity_applies_its_value_without_sampling():
+    src = ROOT_SRC
+    split = Opportunity("O9", "joint_tile", "alone", ["full", "decode"], ["NUM_WARPS"], origin="split:U4",
+                        values={"NUM_WARPS": 8})
+    prop = KnobOperator().propose(ctx(split, source=src))
+    assert prop.error == "" and prop.params == {"NUM_WARPS": 8} and prop.scope == "joint"
+    assert read_knobs(prop.source)["NUM_WARPS"] == 8
+    assert {k: v for k, v in read_knobs(prop.source).items() if k != "NUM_WARPS"} == \
+        {k: v for k, v in read_knobs(src).items() if k != "NUM_WARPS"}
+
+
+def test_scheduler_offers_split_under_its_family_kind_first(tmp_path):
+    cfg = OmegaConf.structured(Campaign)
+    cfg.search.sampler = "random"
+    used = Opportunity("O3", "joint_tile", "m", ["full", "decode"], ["BLOCK_H", "NUM_WARPS"], repeatable=True,
+                       uses=3)
+    split = Opportunity("O9", "joint_tile", "alone", ["full", "decode"], ["NUM_WARPS"], origin="split:U4",
+                        values={"NUM_WARPS": 8})
+    s = Scheduler(cfg, tmp_path, {"knob": ["joint_tile"], "llm": ["follow-up"]})
+    assert Scheduler._matches(split, "joint_tile") and not Scheduler._matches(split, "follow-up")
+    picks = {(op, o.id) for op, o, _ in (s.choose(s.ask(), ["I0"], [used, split], "I0") for _ in range(12))}
+    assert ("knob", "O9") in picks and ("knob", "O3") not in picks
+
+
+@pytest.mark.slow
+def test_run_splits_a_faster_over_limit_bundle_and_tries_its_knobs(tmp_path, monkeypatch):
+    """Whole loop on the CPU, with every verified offspring judged faster but over one limit."""
+    from tik_evo import lineage
+    from tik_evo.cli import main
+
+    real = lineage.judge
+
+    def over_limit(*args, **kwargs):
+        v = real(*args, **kwargs)
+        if v.objective is not None:
+            name = next(iter(v.limits))
+            v.limits[name].update(ok=False, ratio_vs_root=v.limits[name]["limit"] * 1.1)
+            v.objective, v.admissible, v.promoted = v.best_objective * 0.5, False, False
+        return v
+
+    monkeypatch.setattr(lineage, "judge", over_limit)
+    run = tmp_path / "run"
+    rc = main(["run", str(ROOT_DIR / "campaigns" / "quickstart.yaml"), f"store.path={run}", "search.sampler=random",
+               "search.max_evaluations=6", "search.seed=3", "--quiet"])
+    assert rc == 0
+    with Store.open_reader(run) as s:
+        actions = {a.id: a for a in s.all("A")}
+        audits = {u.id: u for u in s.all("U")}
+        splits = [o for o in s.all("O") if o.origin.startswith("split:")]
+        bundles = [a for a in actions.values() if a.outcome == "audited" and len(a.params) > 2]
+        assert bundles, "no multi-knob offspring was audited: pick another seed"
+        assert splits and all(len(o.knobs) == 1 and set(o.values) == set(o.knobs) for o in splits)
+        # Each split names a knob value of the audited bundle it came from...
+        for o in splits:
+            src = next(a for a in actions.values() if a.offspring == audits[o.origin[6:]].impl)
+            assert o.values.items() <= src.params.items()
+        # ... and the ones already used were tried alone, at exactly that value.
+        used = [a for a in actions.values() if a.opportunity in {o.id for o in splits}]
+        assert used
+        for a in used:
+            o = next(o for o in splits if o.id == a.opportunity)
+            assert {k: v for k, v in a.params.items() if not k.startswith("_")} in ({}, o.values)
