@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_grid | attention_full | campaign_attention |
-# model | rowwise_sweep | ops FAMILIES), each under its own
+# model | rowwise_sweep | ops FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -25,6 +25,12 @@ while [ $# -gt 0 ]; do
       timeout 150 python3 benchmarks/model_consistency_gpu.py --out "$OUT/model_consistency.json" 2>&1 | tail -15 ;;
     rowwise_sweep)
       timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep --out "$OUT" 2>&1 | tail -30 ;;
+    linear_variants) v=$1; shift  # linear decode variants vs cuBLAS, each bit-checked against the full path
+      timeout 230 python3 benchmarks/ops_matmul_gpu.py --linear-variants "$v" --budget-s 170 \
+        --out "$OUT/linear_$(basename "$v" .json).json" 2>&1 | tail -45 ;;
+    matmul) f=$1; shift  # the matmul suite for some of linear,logprob,moe_routing, without torch.compile
+      timeout 300 python3 benchmarks/ops_matmul_gpu.py --families "$f" --compile-logprob --compile-routing \
+        --budget-s 200 --out "$OUT/matmul_$(echo "$f" | tr , _).json" 2>&1 | tail -45 ;;
     ops) f=$1; shift
       timeout 300 python3 benchmarks/ops_gpu.py --families "$f" --out "$OUT" 2>&1 | tail -40 ;;
     campaign_attention)  # the knob search on six grid cells, fork-server audits (spawn if the root audit fails)

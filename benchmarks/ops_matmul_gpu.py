@@ -4,6 +4,9 @@ shapes. One run, one JSON file, a short table printed last.
 
     PYTHONUNBUFFERED=1 PYTHONPATH=$PWD python3 benchmarks/ops_matmul_gpu.py --out $OUT/matmul_gpu.json
 
+With `--linear-variants FILE` (a JSON {name: knob changes}) only the linear decode cells (M 1, 64, 256 of the five
+shapes) are timed, each variant against cuBLAS, after its decode rows are checked bit for bit against a full pass.
+
 Imports only torch, triton and tik_evo.knobs (plus liger_kernel when it is installed). Every configuration
 timed is also checked bit for bit (decode rows against the same rows of a full pass) before it may be chosen.
 """
@@ -151,26 +154,39 @@ LINEAR_DECODE = {"root": {}, "m16n32": {"DECODE_BLOCK_M": 16, "DECODE_BLOCK_N": 
 K_CHUNKS = (0, 4096)
 
 
+def _linear_decode_vs_full(impl, x, w, bias, yf, yf32, ms=(1, 2, 3, 7, 16, 33, 64, 100, 128, 255, 256)):
+    """Mismatches (bf16, fp32) of decode launches of M rows at scattered positions against a full pass's rows."""
+    n, bad16, bad32 = w.shape[0], 0, 0
+    for m in ms:
+        rows = torch.randperm(x.shape[0], device="cuda")[:m].sort().values
+        yd = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+        yd32 = torch.empty((m, n), dtype=torch.float32, device="cuda")
+        impl.linear_decode(x[rows].contiguous(), w, bias, yd, yd32)
+        bad16 += mismatches(yd, yf[rows])
+        bad32 += mismatches(yd32, yf32[rows])
+    return bad16, bad32
+
+
+def _linear_inputs(n, k):
+    return randn((4096, k), 7), randn((n, k), 8, k ** -0.5), randn((n,), 9)
+
+
 def linear_consistency(knobs: dict, shapes=LINEAR_SHAPES, label: str | None = None):
     """Decode rows (M = 1..256 at scattered positions) and a 1000-row prefix pass against an M=4096 pass."""
     impl = load("linear", knobs)
     total = {"bf16": 0, "fp32": 0, "prefix_fp32": 0}
     rels = []
     for _, n, k in shapes:
-        x, w, b = randn((4096, k), 7), randn((n, k), 8, k ** -0.5), randn((n,), 9)
+        x, w, b = _linear_inputs(n, k)
         for bias in (None, b):
             yf = torch.empty((4096, n), dtype=torch.bfloat16, device="cuda")
             yf32 = torch.empty((4096, n), dtype=torch.float32, device="cuda")
             impl.linear_full(x, w, bias, yf, yf32)
             ref = x.double() @ w.double().t() + (bias.double() if bias is not None else 0)
             rels.append(float((yf32.double() - ref).norm() / ref.norm()))
-            for m in (1, 2, 3, 7, 16, 33, 64, 100, 128, 255, 256):
-                rows = torch.randperm(4096, device="cuda")[:m].sort().values
-                yd = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-                yd32 = torch.empty((m, n), dtype=torch.float32, device="cuda")
-                impl.linear_decode(x[rows].contiguous(), w, bias, yd, yd32)
-                total["bf16"] += mismatches(yd, yf[rows])
-                total["fp32"] += mismatches(yd32, yf32[rows])
+            bad16, bad32 = _linear_decode_vs_full(impl, x, w, bias, yf, yf32)
+            total["bf16"] += bad16
+            total["fp32"] += bad32
             yp = torch.empty((1000, n), dtype=torch.bfloat16, device="cuda")
             yp32 = torch.empty((1000, n), dtype=torch.float32, device="cuda")
             impl.linear_full(x[:1000].contiguous(), w, bias, yp, yp32)
@@ -180,6 +196,32 @@ def linear_consistency(knobs: dict, shapes=LINEAR_SHAPES, label: str | None = No
              "prefix_vs_full_fp32_mismatches": total["prefix_fp32"], "max_fp32_rel_l2_vs_fp64": max(rels)}
     RESULTS["consistency"].append(entry)
     return sum(total.values()) == 0
+
+
+_FULL_PASSES: dict = {}
+
+
+def linear_decode_consistency(knobs: dict, label: str):
+    """Decode rows of a variant against an M=4096 full pass, no bias (the fp32 values then expose every dot
+    step). Decode-only knobs leave the full path as it is, so its pass is shared by the variants."""
+    impl = load("linear", knobs)
+    full_knobs = {k: v for k, v in knobs.items() if not k.startswith("DECODE_")}
+    total = [0, 0]
+    for name, n, k in LINEAR_SHAPES:
+        key = (tag(full_knobs), name)
+        if key not in _FULL_PASSES:
+            x, w, _ = _linear_inputs(n, k)
+            yf = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device="cuda")
+            yf32 = torch.empty((x.shape[0], n), dtype=torch.float32, device="cuda")
+            load("linear", full_knobs).linear_full(x, w, None, yf, yf32)
+            _FULL_PASSES[key] = (x, w, yf, yf32)
+        x, w, yf, yf32 = _FULL_PASSES[key]
+        for i, bad in enumerate(_linear_decode_vs_full(impl, x, w, None, yf, yf32)):
+            total[i] += bad
+    RESULTS["consistency"].append({"family": "linear", "impl": label, "shapes": [s[0] for s in LINEAR_SHAPES],
+                                   "decode_vs_full_bf16_mismatches": total[0],
+                                   "decode_vs_full_fp32_mismatches": total[1]})
+    return sum(total) == 0
 
 
 @guard("linear")
@@ -229,6 +271,84 @@ def bench_linear(full_ms, decode_ms):
         linear_consistency(knobs, label="chosen:" + tag(knobs))
 
 
+def _small_knobs(k: str) -> bool:
+    return k.startswith("DECODE_SMALL_")
+
+
+@guard("linear variants")
+def bench_linear_variants(variants: dict, decode_ms=(1, 64, 256)):
+    """Each variant's decode on the decode cells, against cuBLAS, once its bits match the full path. Variants
+    pair a schedule for small launches (DECODE_SMALL_*, M <= DECODE_SMALL_M) with one for the others, so the
+    best of each is picked from its own cells and the pair is checked and timed last as "combined"."""
+    cells = []
+    for name, n, k in LINEAR_SHAPES:
+        for m in decode_ms:
+            sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
+            y = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+            wl = f"{name}.M{m}"
+            t = timeit(cycler(sets, lambda x, w: torch.matmul(x, w.t(), out=y)), True)
+            record("linear", wl, "cublas", t, tflops=2 * m * n * k / t / 1e12)
+            cells.append((wl, m, n, k, sets, y, t))
+    ratios: dict = {}  # variant -> {workload: time / cublas}
+
+    def run_variant(vname, knobs):
+        t0 = time.time()
+        try:
+            ok = linear_decode_consistency(knobs, vname)
+        except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: the next variant may still run
+            RESULTS["errors"].append({"section": f"linear variant {vname}", "error": repr(e)[:500]})
+            print(f"!! {vname}: {e!r}"[:300], flush=True)
+            return
+        if not ok:
+            print(f"!! {vname}: decode bits differ from the full path; not timed", flush=True)
+            return
+        impl = load("linear", knobs)
+        for wl, m, n, k, sets, y, t_cublas in cells:
+            t = timeit(cycler(sets, lambda x, w: impl.linear_decode(x, w, None, y)), True)
+            ratios.setdefault(vname, {})[wl] = t / t_cublas
+            record("linear", wl, "decode:" + vname, t, vs_cublas=t / t_cublas,
+                   bw_TBps=((m + n) * k * 2 + m * n * 2) / t / 1e12)
+        r = ratios[vname]
+        print(f"{vname}: " + " ".join(f"{wl}={v:.2f}" for wl, v in r.items())
+              + f"  ({time.time() - t0:.1f}s)", flush=True)
+
+    for vname, knobs in variants.items():
+        try:
+            run_variant(vname, knobs)
+        except TimeoutError as e:
+            ratios.pop(vname, None)  # a partly timed variant would skew the comparison
+            RESULTS["errors"].append({"section": "linear variants", "error": f"{e} (at {vname})"})
+            print(f"!! {e} (at {vname})", flush=True)
+            break
+
+    def score(v, small):
+        return gmean([x for wl, x in ratios[v].items() if (int(wl.rsplit(".M", 1)[1]) <= 16) == small])
+
+    summary = {v: {"small_M_gmean": score(v, True), "other_M_gmean": score(v, False), "all_gmean": gmean(r.values())}
+               for v, r in ratios.items()}
+    RESULTS["chosen"]["linear_variants"] = summary
+    if not ratios:
+        return
+    small = min(ratios, key=lambda v: score(v, True))
+    other = min(ratios, key=lambda v: score(v, False))
+    if small == other or not variants[small].get("DECODE_SMALL_M"):
+        # One variant wins both, or the small-launch winner has no small schedule to graft: nothing to combine.
+        combined = variants[small] if small == other else None
+    else:
+        combined = {**{k: v for k, v in variants[other].items() if not _small_knobs(k)},
+                    **{k: v for k, v in variants[small].items() if _small_knobs(k)}}
+    RESULTS["chosen"]["linear_decode"] = {"small_from": small, "other_from": other, "knobs": combined}
+    print("linear decode: small launches from", small, "others from", other, "->", combined, flush=True)
+    if combined is not None and small != other:
+        try:
+            run_variant("combined", combined)
+        except TimeoutError as e:
+            ratios.pop("combined", None)
+            RESULTS["errors"].append({"section": "linear variants", "error": f"{e} (at combined)"})
+        if "combined" in ratios:
+            RESULTS["chosen"]["linear_variants"]["combined"] = {"all_gmean": gmean(ratios["combined"].values())}
+
+
 # ---------------------------------------------------------------- logprob
 def logprob_torch(logits, target, temperature=1.0):
     logp = torch.log_softmax(logits.float() / temperature, -1)
@@ -260,9 +380,12 @@ def logprob_consistency(knobs: dict, label: str | None = None):
     return bad == 0
 
 
+# Root SOFTMAX_FORM = exp2 (one FFMA + MUFU.EX2 per element, rescale only when the max rises); "exp" is the
+# previous formula. Wider chunks halve the per-chunk cross-warp max reductions.
 LOGPROB_SWEEP = [{}, {"VOCAB_CHUNK": 4096}, {"VOCAB_CHUNK": 8192}, {"VOCAB_CHUNK": 4096, "NUM_WARPS": 4},
                  {"VOCAB_CHUNK": 8192, "NUM_WARPS": 16}, {"VOCAB_CHUNK": 4096, "FULL_NUM_STAGES": 2},
-                 {"VOCAB_CHUNK": 8192, "FULL_NUM_STAGES": 2}]
+                 {"VOCAB_CHUNK": 8192, "FULL_NUM_STAGES": 2}, {"SOFTMAX_FORM": "exp"},
+                 {"VOCAB_CHUNK": 8192, "NUM_WARPS": 8}, {"VOCAB_CHUNK": 4096, "NUM_WARPS": 8}]
 
 
 def _logprob_sets(t_rows, V):
@@ -313,7 +436,7 @@ def bench_logprob(full_ts, decode_bs, eager_max, compile_ts):
         lp, ent = outs(t_rows)
         rec(wl, "copy_same_bytes", copy_time(nbytes // 2, decode), nbytes)
         for split in (0, 16384, 32768):
-            kn = {**base, "VOCAB_SPLIT": split} if split else base
+            kn = {**base, "VOCAB_SPLIT": split}  # explicit: the root's own split must not stand in for 0
             impl = load("logprob", kn)
             fn = impl.logprob_decode if decode else impl.logprob_full
             t = timeit(cycler(sets, lambda x, tg, fn=fn: fn(x, tg, 1.0, lp, ent)), decode)
@@ -330,7 +453,7 @@ def bench_logprob(full_ts, decode_bs, eager_max, compile_ts):
     ref = split_times.get(0, {})
     score = {s: gmean([v[w] / ref[w] for w in v if w in ref]) for s, v in split_times.items()}
     split = min(score, key=score.get)
-    chosen = {**base, "VOCAB_SPLIT": split} if split else base
+    chosen = {**base, "VOCAB_SPLIT": split}
     RESULTS["chosen"]["logprob"] = chosen
     RESULTS["chosen"]["logprob_split_gmean_vs_nosplit"] = score
     print("logprob chosen", chosen, flush=True)
@@ -371,8 +494,13 @@ def routing_consistency(knobs: dict, label: str | None = None):
     return bad == 0
 
 
-ROUTING_SWEEP = [{}, {"BLOCK_T": 32}, {"BLOCK_T": 64, "NUM_WARPS": 8}, {"BLOCK_T": 8, "NUM_WARPS": 2},
-                 {"BLOCK_T": 4, "NUM_WARPS": 1}]
+# Root = logit keys on a grouped tile (16 tokens, 1 warp: 2 threads per row). The previous root (max + argmin
+# rounds on the flat 4-token tile) and the packed-probability keys (identical outputs) are kept to compare.
+ROUTING_SWEEP = [{}, {"SELECT": "rounds", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1},
+                 {"SELECT": "packed_prob", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1},
+                 {"SELECT": "logit_key", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1},
+                 {"BLOCK_T": 32, "NUM_WARPS": 1}, {"BLOCK_T": 8, "NUM_WARPS": 1}, {"BLOCK_T": 64, "NUM_WARPS": 4},
+                 {"BLOCK_T": 32, "NUM_WARPS": 4}]
 
 
 @guard("moe_routing")
@@ -418,21 +546,33 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=170.0, help="stop timing after this many seconds")
     ap.add_argument("--compile-logprob", type=int, nargs="*", default=[4096], help="token counts to torch.compile")
     ap.add_argument("--compile-routing", type=int, nargs="*", default=[32768], help="token counts to torch.compile")
+    ap.add_argument("--linear-variants", type=Path, default=None,
+                    help="JSON {name: knob changes}: time only these linear decode variants (bits checked first)")
+    ap.add_argument("--families", default="linear,logprob,moe_routing",
+                    help="comma-separated families to check and time (default: all three)")
     args = ap.parse_args(argv)
+    fams = set(args.families.split(","))
     t0 = time.time()
     DEADLINE[0] = t0 + args.budget_s
     props = torch.cuda.get_device_properties(0)
     RESULTS["env"] = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
                       "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     print(RESULTS["env"], flush=True)
-    ceilings()
-    guard("linear consistency")(linear_consistency)({})
-    guard("logprob consistency")(logprob_consistency)({})
-    guard("moe_routing consistency")(routing_consistency)({})
-    bench_linear([4096, 16384], [1, 64, 256])
-    # torch.compile peers were timed in the first run (compile time is too dear for a second lease).
-    bench_logprob([4096, 32768], [1, 64, 256], eager_max=4096, compile_ts=args.compile_logprob)
-    bench_routing([4096, 32768], [1, 64, 256], compile_ts=args.compile_routing)
+    if args.linear_variants:
+        RESULTS["env"]["linear_variants"] = str(args.linear_variants)
+        bench_linear_variants(json.loads(args.linear_variants.read_text()))
+    else:
+        ceilings()
+        checks = {"linear": linear_consistency, "logprob": logprob_consistency, "moe_routing": routing_consistency}
+        for fam in (f for f in checks if f in fams):
+            guard(f"{fam} consistency")(checks[fam])({})
+        if "linear" in fams:
+            bench_linear([4096, 16384], [1, 64, 256])
+        # torch.compile peers were timed in the first run (compile time is too dear for a second lease).
+        if "logprob" in fams:
+            bench_logprob([4096, 32768], [1, 64, 256], eager_max=4096, compile_ts=args.compile_logprob)
+        if "moe_routing" in fams:
+            bench_routing([4096, 32768], [1, 64, 256], compile_ts=args.compile_routing)
     RESULTS["env"]["wall_s"] = time.time() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(RESULTS, indent=1))

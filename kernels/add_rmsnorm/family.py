@@ -46,6 +46,10 @@ class AddRMSNormFamily(Family):
         Knob("FULL_NUM_STAGES", (1, 2, 3), "full", "software pipelining depth of the full path"),
         Knob("DECODE_ROWS_PER_PROGRAM", (1, 2, 4), "decode", "rows handled by one program in decode"),
         Knob("DECODE_NUM_STAGES", (1, 2, 3), "decode", "software pipelining depth of decode"),
+        Knob("FULL_WEIGHT_LOAD", ("late", "early"), "full",
+             "one-chunk rows: load the weight after the h store (late) or with x and residual (early)"),
+        Knob("DECODE_WEIGHT_LOAD", ("late", "early"), "decode",
+             "one-chunk rows: load the weight after the h store (late) or with x and residual (early)"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:

@@ -17,12 +17,15 @@ KNOBS = {
     "FULL_NUM_STAGES": 1,
     "DECODE_ROWS_PER_PROGRAM": 1,
     "DECODE_NUM_STAGES": 1,
+    "FULL_WEIGHT_LOAD": "early",
+    "DECODE_WEIGHT_LOAD": "early",
 }
 
 
 @triton.jit
 def _add_rms_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, y32_ptr, row, H, eps,
-                 BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr, WRITE32: tl.constexpr):
+                 BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr, WRITE32: tl.constexpr,
+                 EARLY_W: tl.constexpr):
     base = row.to(tl.int64) * H
     if ONE_CHUNK:
         # The whole row fits one chunk: keep h in registers (same arithmetic as the chunked loop's one pass).
@@ -30,12 +33,15 @@ def _add_rms_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, y32_ptr, row, H, eps,
         mask = cols < H
         x = tl.load(x_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
         r = tl.load(r_ptr + base + cols, mask=mask, other=0.0).to(tl.float32)
+        if EARLY_W:  # issued with x and r: a load after the h store below cannot be hoisted above it
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         hb = (x + r).to(tl.bfloat16)
         tl.store(h_ptr + base + cols, hb, mask=mask)
         h = hb.to(tl.float32)
         acc = h * h
         rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=0) / H + eps)
-        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if not EARLY_W:
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         y = h * rstd * w
         tl.store(y_ptr + base + cols, y.to(tl.bfloat16), mask=mask)
         if WRITE32:
@@ -68,12 +74,13 @@ def _add_rms_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, y32_ptr, row, H, eps,
 @triton.jit
 def _add_rms_rows_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, y32_ptr, n_rows, H, eps,
                          ROWS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr, ONE_CHUNK: tl.constexpr,
-                         WRITE32: tl.constexpr):
+                         WRITE32: tl.constexpr, EARLY_W: tl.constexpr):
     pid = tl.program_id(0)
     for i in range(ROWS_PER_PROGRAM):
         row = pid * ROWS_PER_PROGRAM + i
         if row < n_rows:
-            _add_rms_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, y32_ptr, row, H, eps, BLOCK_H, ONE_CHUNK, WRITE32)
+            _add_rms_row(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, y32_ptr, row, H, eps, BLOCK_H, ONE_CHUNK, WRITE32,
+                         EARLY_W)
 
 
 def _block_h(hidden: int) -> int:
@@ -82,14 +89,15 @@ def _block_h(hidden: int) -> int:
     return triton.next_power_of_2(hidden) if b == 0 else b
 
 
-def _launch(x, residual, weight, eps, out, res_out, out32, rows_per_program, num_stages):
+def _launch(x, residual, weight, eps, out, res_out, out32, rows_per_program, num_stages, weight_load):
     n_rows, hidden = x.shape
     block = _block_h(hidden)
     grid = (triton.cdiv(n_rows, rows_per_program),)
     _add_rms_rows_kernel[grid](
         x, residual, weight, out, res_out, out32 if out32 is not None else out, n_rows, hidden, eps,
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block, ONE_CHUNK=block >= hidden,
-        WRITE32=out32 is not None, num_warps=KNOBS["NUM_WARPS"], num_stages=num_stages,
+        WRITE32=out32 is not None, EARLY_W=weight_load == "early", num_warps=KNOBS["NUM_WARPS"],
+        num_stages=num_stages,
     )
 
 
@@ -97,14 +105,14 @@ def add_rmsnorm_full(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tens
                      out: torch.Tensor, res_out: torch.Tensor, out32: torch.Tensor | None = None) -> None:
     """All tokens of a packed batch: x, residual [tokens, hidden] -> out = rmsnorm(h), res_out = h (bf16)."""
     _launch(x, residual, weight, eps, out, res_out, out32,
-            KNOBS["FULL_ROWS_PER_PROGRAM"], KNOBS["FULL_NUM_STAGES"])
+            KNOBS["FULL_ROWS_PER_PROGRAM"], KNOBS["FULL_NUM_STAGES"], KNOBS["FULL_WEIGHT_LOAD"])
 
 
 def add_rmsnorm_decode(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
                        out: torch.Tensor, res_out: torch.Tensor, out32: torch.Tensor | None = None) -> None:
     """One token per sequence: x, residual [batch, hidden]; same per-row numerics as add_rmsnorm_full."""
     _launch(x, residual, weight, eps, out, res_out, out32,
-            KNOBS["DECODE_ROWS_PER_PROGRAM"], KNOBS["DECODE_NUM_STAGES"])
+            KNOBS["DECODE_ROWS_PER_PROGRAM"], KNOBS["DECODE_NUM_STAGES"], KNOBS["DECODE_WEIGHT_LOAD"])
 
 
 def add_rmsnorm_backward(grad_out: torch.Tensor, grad_res: torch.Tensor | None, h: torch.Tensor,

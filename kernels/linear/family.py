@@ -39,13 +39,25 @@ class LinearFamily(Family):
              "run K chunks as parallel programs plus a merge launch (else in-program) in the full path"),
         Knob("FULL_USE_TMA", (False, True), "full", "load tiles with TMA descriptors in the full path"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
-        Knob("DECODE_BLOCK_N", (32, 64, 128, 256), "decode", "output columns per tile in decode"),
+        Knob("DECODE_BLOCK_N", (16, 32, 64, 128, 256), "decode",
+             "output columns per tile in decode (narrow: more programs streaming W)"),
         Knob("DECODE_GROUP_M", (1, 4, 8), "decode", "row-tile grouping in decode"),
         Knob("DECODE_NUM_WARPS", (2, 4, 8), "decode", "warps per tile in decode"),
         Knob("DECODE_NUM_STAGES", (2, 3, 4, 5, 6), "decode", "software pipelining depth of decode"),
         Knob("DECODE_SPLIT_PARALLEL", (False, True), "decode",
              "run K chunks as parallel programs plus a merge launch (else in-program) in decode"),
         Knob("DECODE_USE_TMA", (False, True), "decode", "load tiles with TMA descriptors in decode"),
+        Knob("DECODE_K_UNROLL", (1, 2, 4, 8), "decode",
+             "BLOCK_K tiles loaded per K-loop iteration in decode, their dots applied in ascending k (the dot "
+             "sequence is unchanged; more bytes in flight per program)"),
+        Knob("DECODE_SMALL_M", (0, 8, 16, 32), "decode",
+             "decode launches of at most this many rows (0: none) use tiles of max(16, next power of 2 of M) rows "
+             "and the DECODE_SMALL_* schedule below"),
+        Knob("DECODE_SMALL_BLOCK_N", (8, 16, 32, 64, 128), "decode", "output columns per tile in small decode launches"),
+        Knob("DECODE_SMALL_K_UNROLL", (1, 2, 4, 8), "decode", "BLOCK_K tiles per K-loop iteration in small decode "
+             "launches"),
+        Knob("DECODE_SMALL_NUM_WARPS", (1, 2, 4), "decode", "warps per tile in small decode launches"),
+        Knob("DECODE_SMALL_NUM_STAGES", (2, 3, 4, 5, 6), "decode", "pipelining depth of small decode launches"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -73,6 +85,15 @@ class LinearFamily(Family):
             OpportunitySpec("decode_tile", "Decode is memory-bound on W: narrow tiles to put more programs on the "
                             "SMs, deep pipelining to keep loads in flight", paths=("decode",),
                             knobs=("DECODE_BLOCK_M", "DECODE_BLOCK_N", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")),
+            OpportunitySpec("decode_bytes_in_flight", "Decode at M <= 256 streams W like a GEMV: 64x64 tiles give "
+                            "few programs (40 at N = 2560) with few bytes in flight, 1.5-2.7x cuBLAS (H200). "
+                            "Narrow BLOCK_N for more programs and load several BLOCK_K tiles per iteration "
+                            "(dots still applied one by one in ascending k), within shared memory; GEMV-like "
+                            "launches (M <= 16) may take narrower tiles than M = 64..256, where every extra "
+                            "column tile re-reads x", paths=("decode",),
+                            knobs=("DECODE_BLOCK_N", "DECODE_K_UNROLL", "DECODE_NUM_STAGES", "DECODE_SMALL_M",
+                                   "DECODE_SMALL_BLOCK_N", "DECODE_SMALL_K_UNROLL", "DECODE_SMALL_NUM_WARPS",
+                                   "DECODE_SMALL_NUM_STAGES")),
         ]
 
     def check_cases(self, level: str) -> list[dict[str, Any]]:

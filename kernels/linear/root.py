@@ -9,6 +9,10 @@ An optional fixed K split (K_CHUNK, contract): K is cut into chunks of K_CHUNK c
 boundaries for every M; each chunk starts from a zero accumulator and the chunk results are added to a zero
 total in ascending order by `_merge`. The full path does that inside one program; decode may run the chunks
 as parallel programs writing fp32 partials, merged by a second launch with the same `_merge` and epilogue.
+
+Decode may load UNROLL consecutive BLOCK_K tiles per loop iteration (more bytes in flight per program for the
+memory-bound GEMV); their dots still run one after another in ascending k, and a tail that does not fill a
+group runs tile by tile, so every output sees the same dot steps as with UNROLL 1 (no dot on tiles past K).
 """
 
 import torch
@@ -29,39 +33,68 @@ KNOBS = {
     "DECODE_BLOCK_N": 64,
     "DECODE_GROUP_M": 1,
     "DECODE_NUM_WARPS": 4,
-    "DECODE_NUM_STAGES": 4,
+    "DECODE_NUM_STAGES": 6,
     "DECODE_SPLIT_PARALLEL": True,
     "DECODE_USE_TMA": True,
+    "DECODE_K_UNROLL": 1,
+    "DECODE_SMALL_M": 16,
+    "DECODE_SMALL_BLOCK_N": 32,
+    "DECODE_SMALL_K_UNROLL": 4,
+    "DECODE_SMALL_NUM_WARPS": 2,
+    "DECODE_SMALL_NUM_STAGES": 4,
 }
+
+
+@triton.jit
+def _tma_step(acc, x_desc, w_desc, off_m, off_n, k0):
+    a = x_desc.load([off_m, k0])
+    b = w_desc.load([off_n, k0])
+    return tl.dot(a, b.T, acc)
+
+
+@triton.jit
+def _ptr_step(acc, x_ptr, w_ptr, offs_m, offs_n, offs_k, k0, k_hi, sxm, sxk, swn, swk, EVEN_K: tl.constexpr):
+    kk = k0 + offs_k
+    a_ptrs = x_ptr + offs_m[:, None] * sxm + kk[None, :] * sxk
+    b_ptrs = w_ptr + offs_n[None, :] * swn + kk[:, None] * swk
+    if EVEN_K:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        a = tl.load(a_ptrs, mask=kk[None, :] < k_hi, other=0.0)
+        b = tl.load(b_ptrs, mask=kk[:, None] < k_hi, other=0.0)
+    return tl.dot(a, b, acc)
 
 
 @triton.jit
 def _k_range(x_ptr, w_ptr, offs_m, offs_n, off_m, off_n, M, N, K, k_lo, k_hi, sxm, sxk, swn, swk,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-             USE_TMA: tl.constexpr):
+             USE_TMA: tl.constexpr, UNROLL: tl.constexpr):
     # One accumulator from zero over columns [k_lo, k_hi) in BLOCK_K steps, ascending: the contract. The
     # tile loads (pointers or TMA descriptors, zero-filled past K either way) do not change the dot's bits.
+    # UNROLL tiles per iteration (schedule only): whole groups first, then the leftover tiles one by one.
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    k_main = k_hi
+    if UNROLL > 1:
+        k_main = k_lo + (tl.cdiv(k_hi - k_lo, BLOCK_K) // UNROLL) * (UNROLL * BLOCK_K)
     if USE_TMA:
         x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[sxm, 1], block_shape=[BLOCK_M, BLOCK_K])
         w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[swn, 1], block_shape=[BLOCK_N, BLOCK_K])
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            a = x_desc.load([off_m, k0])
-            b = w_desc.load([off_n, k0])
-            acc = tl.dot(a, b.T, acc)
+        for k0 in range(k_lo, k_main, BLOCK_K * UNROLL):
+            for u in tl.static_range(UNROLL):
+                acc = _tma_step(acc, x_desc, w_desc, off_m, off_n, k0 + u * BLOCK_K)
+        if UNROLL > 1:
+            for k0 in range(k_main, k_hi, BLOCK_K):
+                acc = _tma_step(acc, x_desc, w_desc, off_m, off_n, k0)
     else:
         offs_k = tl.arange(0, BLOCK_K)
-        for k0 in range(k_lo, k_hi, BLOCK_K):
-            kk = k0 + offs_k
-            a_ptrs = x_ptr + offs_m[:, None] * sxm + kk[None, :] * sxk
-            b_ptrs = w_ptr + offs_n[None, :] * swn + kk[:, None] * swk
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                a = tl.load(a_ptrs, mask=kk[None, :] < k_hi, other=0.0)
-                b = tl.load(b_ptrs, mask=kk[:, None] < k_hi, other=0.0)
-            acc = tl.dot(a, b, acc)
+        for k0 in range(k_lo, k_main, BLOCK_K * UNROLL):
+            for u in tl.static_range(UNROLL):
+                acc = _ptr_step(acc, x_ptr, w_ptr, offs_m, offs_n, offs_k, k0 + u * BLOCK_K, k_hi,
+                                sxm, sxk, swn, swk, EVEN_K)
+        if UNROLL > 1:
+            for k0 in range(k_main, k_hi, BLOCK_K):
+                acc = _ptr_step(acc, x_ptr, w_ptr, offs_m, offs_n, offs_k, k0, k_hi, sxm, sxk, swn, swk, EVEN_K)
     return acc
 
 
@@ -97,7 +130,7 @@ def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: 
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn,
                    K_CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr):
+                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, UNROLL: tl.constexpr):
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -107,7 +140,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, 
     if K_CHUNK == 0:
         total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
                        _k_range(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, 0, K,
-                                sxm, sxk, swn, swk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA))
+                                sxm, sxk, swn, swk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, UNROLL))
     else:
         # Unrolled over the chunks (N_CHUNKS depends on K only) so each chunk's K loop is pipelined on its own;
         # a runtime outer loop measured 25% slower even with one chunk.
@@ -117,7 +150,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, 
             k_hi = min(k_lo + K_CHUNK, K)
             total = _merge(total, _k_range(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N,
                                            M, N, K, k_lo, k_hi, sxm, sxk, swn, swk,
-                                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA))
+                                           BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, UNROLL))
     n_mask = cols < N
     y = _epilogue(total, b_ptr, cols, n_mask, HAS_BIAS)
     mask = (rows[:, None] < M) & n_mask[None, :]
@@ -130,7 +163,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, 
 def _linear_chunk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, sxm, sxk, swn, swk,
                          K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
-                         USE_TMA: tl.constexpr):
+                         USE_TMA: tl.constexpr, UNROLL: tl.constexpr):
     # One K chunk of one tile: the same _k_range call as the full path's chunk loop, stored as fp32.
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     chunk = tl.program_id(1)
@@ -141,7 +174,7 @@ def _linear_chunk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, sxm, sxk, swn, swk,
     k_lo = chunk * K_CHUNK
     k_hi = min(k_lo + K_CHUNK, K)
     part = _k_range(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, k_lo, k_hi,
-                    sxm, sxk, swn, swk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA)
+                    sxm, sxk, swn, swk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, UNROLL)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     tl.store(ws_ptr + chunk * M * N + rows[:, None] * N + cols[None, :], part, mask=mask)
 
@@ -182,6 +215,12 @@ def _launch(x, weight, bias, out, out32, path):
     block_k, k_chunk = KNOBS["BLOCK_K"], KNOBS["K_CHUNK"]
     bm, bn = KNOBS[path + "_BLOCK_M"], KNOBS[path + "_BLOCK_N"]
     group_m, warps, stages = KNOBS[path + "_GROUP_M"], KNOBS[path + "_NUM_WARPS"], KNOBS[path + "_NUM_STAGES"]
+    unroll = KNOBS["DECODE_K_UNROLL"] if path == "DECODE" else 1
+    if path == "DECODE" and KNOBS["DECODE_SMALL_M"] >= M:
+        # GEMV-like launches get their own schedule (tl.dot's bits do not follow the tile, warps or stages).
+        bm, bn = max(16, triton.next_power_of_2(M)), KNOBS["DECODE_SMALL_BLOCK_N"]
+        unroll, warps, stages = (KNOBS["DECODE_SMALL_K_UNROLL"], KNOBS["DECODE_SMALL_NUM_WARPS"],
+                                 KNOBS["DECODE_SMALL_NUM_STAGES"])
     has_bias, write32 = bias is not None, out32 is not None
     b = bias if has_bias else out
     even_k = K % block_k == 0 and k_chunk % block_k == 0
@@ -193,7 +232,7 @@ def _launch(x, weight, bias, out, out32, path):
         _linear_chunk_kernel[(tiles, n_chunks)](
             x, weight, ws, M, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             K_CHUNK=k_chunk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=even_k,
-            USE_TMA=use_tma, num_warps=warps, num_stages=stages)
+            USE_TMA=use_tma, UNROLL=unroll, num_warps=warps, num_stages=stages)
         block = 1024
         _linear_merge_kernel[(triton.cdiv(M * N, block),)](
             ws, b, out, out32 if write32 else ws, M, N, n_chunks, out.stride(0), out.stride(1),
@@ -203,7 +242,8 @@ def _launch(x, weight, bias, out, out32, path):
         x, weight, b, out, out32 if write32 else out, M, N, K,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
         K_CHUNK=k_chunk, N_CHUNKS=n_chunks, HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=even_k, USE_TMA=use_tma, num_warps=warps, num_stages=stages)
+        BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=even_k, USE_TMA=use_tma, UNROLL=unroll, num_warps=warps,
+        num_stages=stages)
 
 
 def linear_full(x: torch.Tensor, weight: torch.Tensor, bias, out: torch.Tensor,

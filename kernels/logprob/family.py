@@ -34,6 +34,10 @@ class LogprobFamily(Family):
         Knob("NUM_WARPS", (2, 4, 8, 16), "contract", "warps reducing one row; changes the tl.sum order (joint)"),
         Knob("VOCAB_SPLIT", (0, 8192, 16384, 32768, 65536), "contract",
              "fixed vocabulary split (0: none), a multiple of VOCAB_CHUNK; splits folded in ascending order"),
+        Knob("SOFTMAX_FORM", ("exp", "exp2"), "contract",
+             "exp: p = exp(z - m), per-lane sums rescaled every chunk (6+3 fp32 ops per element on sm_90); exp2: "
+             "p = exp2(z*log2e - m*log2e) (one FFMA + MUFU.EX2, flushes p < 2^-126), s += p, t = fma(p, z, t), "
+             "rescaled only when a chunk raises the max, mask only on the tail chunk (joint)"),
         Knob("FULL_NUM_STAGES", (1, 2, 3, 4), "full", "software pipelining depth of the full path"),
         Knob("FULL_SPLIT_PARALLEL", (False, True), "full",
              "compute vocabulary splits in parallel programs plus a fold launch in the full path"),
@@ -55,6 +59,11 @@ class LogprobFamily(Family):
                             "loads a chunk and waits on it before reducing. Issue the next chunk's load before "
                             "reducing the current one (register double-buffering); numerics unchanged",
                             paths=("full", "decode")),
+            OpportunitySpec("inner_loop_ops", "The chunk loop was ~13 instructions per element with tl.exp (range "
+                            "check + two predicated multiplies around MUFU.EX2, a rescale multiply per lane sum, a "
+                            "mask select); SOFTMAX_FORM exp2 is ~6. Further: fewer cross-warp max reductions per row "
+                            "(each chunk's tl.max is a shared-memory round trip with barriers) (joint)",
+                            knobs=("SOFTMAX_FORM", "VOCAB_CHUNK")),
             OpportunitySpec("full_pipelining", "Keep more chunk loads in flight per row in the full path",
                             paths=("full",), knobs=("FULL_NUM_STAGES",)),
             OpportunitySpec("decode_pipelining", "Keep more chunk loads in flight per row in decode",

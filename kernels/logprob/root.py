@@ -4,6 +4,9 @@ Per row: z = logits / temperature (skipped when temperature == 1, where it is ex
 vocabulary chunks of VOCAB_CHUNK columns walked from column 0 in ascending order, keeping per-lane sums
 s = sum exp(z - m) and t = sum exp(z - m) * z, reduced with one tl.sum at the end of each split. Then
 lse = m + log(s), log-prob = z_target - lse, entropy = lse - t / s.
+SOFTMAX_FORM "exp2" computes exp(z - m) as exp2(z * log2(e) - m * log2(e)) (one FFMA and one MUFU.EX2 per
+element instead of six instructions for tl.exp), accumulates s += p and t = fma(p, z, t), and rescales the lane
+sums only when a chunk raises the running max; "exp" is the previous formula (rescale every chunk).
 
 Bitwise agreement between paths holds because both call `_split_stats`, `_fold` and `_finish` with the same
 contract parameters (VOCAB_CHUNK and NUM_WARPS fix the tl.sum order; VOCAB_SPLIT fixes the split boundaries).
@@ -20,6 +23,7 @@ KNOBS = {
     "VOCAB_CHUNK": 4096,
     "NUM_WARPS": 4,
     "VOCAB_SPLIT": 16384,
+    "SOFTMAX_FORM": "exp2",
     "FULL_NUM_STAGES": 1,
     "FULL_SPLIT_PARALLEL": False,
     "DECODE_NUM_STAGES": 1,
@@ -37,22 +41,63 @@ def _scaled(x, temperature, APPLY_TEMP: tl.constexpr):
 
 
 @triton.jit
-def _split_stats(row_ptr, v_lo, v_hi, temperature, CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr):
-    m = tl.full([], float("-inf"), tl.float32)
-    s = tl.zeros([CHUNK], dtype=tl.float32)
-    t = tl.zeros([CHUNK], dtype=tl.float32)
-    for off in range(v_lo, v_hi, CHUNK):
-        cols = off + tl.arange(0, CHUNK)
+def _split_stats(row_ptr, v_lo, v_hi, temperature, CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr,
+                 FORM: tl.constexpr):
+    if FORM == "exp2":
+        # Full chunks unmasked, then one masked tail; the same per-lane operations in both.
+        m = tl.full([], float("-inf"), tl.float32)
+        s = tl.zeros([CHUNK], dtype=tl.float32)
+        t = tl.zeros([CHUNK], dtype=tl.float32)
+        v_full = v_lo + (v_hi - v_lo) // CHUNK * CHUNK
+        for off in range(v_lo, v_full, CHUNK):
+            m, s, t = _chunk_exp2(row_ptr, off, v_hi, m, s, t, temperature, CHUNK, APPLY_TEMP, False)
+        if v_full < v_hi:
+            m, s, t = _chunk_exp2(row_ptr, v_full, v_hi, m, s, t, temperature, CHUNK, APPLY_TEMP, True)
+        return m, tl.sum(s, 0), tl.sum(t, 0)
+    else:
+        m = tl.full([], float("-inf"), tl.float32)
+        s = tl.zeros([CHUNK], dtype=tl.float32)
+        t = tl.zeros([CHUNK], dtype=tl.float32)
+        for off in range(v_lo, v_hi, CHUNK):
+            cols = off + tl.arange(0, CHUNK)
+            mask = cols < v_hi
+            z = _scaled(tl.load(row_ptr + cols, mask=mask, other=float("-inf")), temperature, APPLY_TEMP)
+            m_new = tl.maximum(m, tl.max(z, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(z - m_safe)
+            s = s * alpha + p
+            t = t * alpha + p * tl.where(mask, z, 0.0)
+            m = m_new
+        return m, tl.sum(s, 0), tl.sum(t, 0)
+
+
+@triton.jit
+def _chunk_exp2(row_ptr, off, v_hi, m, s, t, temperature, CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr,
+                MASKED: tl.constexpr):
+    """One online-softmax step in base 2: p = exp2(z * log2(e) - m * log2(e)) (one FFMA and one MUFU.EX2 per
+    element; probabilities below 2^-126 flush to 0), s += p, t = fma(p, z, t). The per-lane sums are rescaled
+    only when the chunk raises the running max (a uniform branch), not on every chunk."""
+    LOG2E: tl.constexpr = 1.4426950408889634
+    cols = off + tl.arange(0, CHUNK)
+    if MASKED:
         mask = cols < v_hi
         z = _scaled(tl.load(row_ptr + cols, mask=mask, other=float("-inf")), temperature, APPLY_TEMP)
-        m_new = tl.maximum(m, tl.max(z, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_safe)
-        p = tl.exp(z - m_safe)
-        s = s * alpha + p
-        t = t * alpha + p * tl.where(mask, z, 0.0)
-        m = m_new
-    return m, tl.sum(s, 0), tl.sum(t, 0)
+    else:
+        z = _scaled(tl.load(row_ptr + cols), temperature, APPLY_TEMP)
+    m_new = tl.maximum(m, tl.max(z, 0))
+    if m_new > m:
+        alpha = tl.math.exp2(m * LOG2E - m_new * LOG2E)  # 0 on the first chunk (m = -inf)
+        s = s * alpha
+        t = t * alpha
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(z * LOG2E - m_safe * LOG2E)
+    s = s + p
+    if MASKED:
+        t = t + p * tl.where(mask, z, 0.0)
+    else:
+        t = t + p * z
+    return m_new, s, t
 
 
 @triton.jit
@@ -86,26 +131,27 @@ def _write_row(row_ptr, tgt_ptr, row, m, s, t, temperature, lp_ptr, ent_ptr, lse
 
 @triton.jit
 def _logprob_rows_kernel(x_ptr, tgt_ptr, lp_ptr, ent_ptr, lse_ptr, V, stride, split, temperature,
-                         CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr, WRITE_LSE: tl.constexpr):
+                         CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr, WRITE_LSE: tl.constexpr,
+                         FORM: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = x_ptr + row * stride
     m = tl.full([], float("-inf"), tl.float32)
     s = tl.zeros([], dtype=tl.float32)
     t = tl.zeros([], dtype=tl.float32)
     for v_lo in range(0, V, split):
-        m2, s2, t2 = _split_stats(row_ptr, v_lo, tl.minimum(v_lo + split, V), temperature, CHUNK, APPLY_TEMP)
+        m2, s2, t2 = _split_stats(row_ptr, v_lo, tl.minimum(v_lo + split, V), temperature, CHUNK, APPLY_TEMP, FORM)
         m, s, t = _fold(m, s, t, m2, s2, t2)
     _write_row(row_ptr, tgt_ptr, row, m, s, t, temperature, lp_ptr, ent_ptr, lse_ptr, APPLY_TEMP, WRITE_LSE)
 
 
 @triton.jit
 def _logprob_split_kernel(x_ptr, ws_ptr, V, stride, split, n_splits, temperature,
-                          CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr):
+                          CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr, FORM: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     v_lo = j * split
     m, s, t = _split_stats(x_ptr + row * stride, v_lo, tl.minimum(v_lo + split, V), temperature,
-                           CHUNK, APPLY_TEMP)
+                           CHUNK, APPLY_TEMP, FORM)
     base = ws_ptr + (row * n_splits + j) * 3
     tl.store(base, m)
     tl.store(base + 1, s)
@@ -158,14 +204,15 @@ def _launch(logits, target, temperature, logprob, entropy, lse, path):
         ws = torch.empty((T, n_splits, 3), dtype=torch.float32, device=logits.device)
         _logprob_split_kernel[(T, n_splits)](
             logits, ws, V, logits.stride(0), split, n_splits, temperature,
-            CHUNK=chunk, APPLY_TEMP=apply_temp, num_warps=warps, num_stages=stages)
+            CHUNK=chunk, APPLY_TEMP=apply_temp, FORM=KNOBS["SOFTMAX_FORM"], num_warps=warps, num_stages=stages)
         _logprob_merge_kernel[(T,)](
             logits, target, ws, logprob, entropy, lse if write_lse else logprob, logits.stride(0), n_splits,
             temperature, APPLY_TEMP=apply_temp, WRITE_LSE=write_lse, num_warps=1)
         return
     _logprob_rows_kernel[(T,)](
         logits, target, logprob, entropy, lse if write_lse else logprob, V, logits.stride(0), split, temperature,
-        CHUNK=chunk, APPLY_TEMP=apply_temp, WRITE_LSE=write_lse, num_warps=warps, num_stages=stages)
+        CHUNK=chunk, APPLY_TEMP=apply_temp, WRITE_LSE=write_lse, FORM=KNOBS["SOFTMAX_FORM"], num_warps=warps,
+        num_stages=stages)
 
 
 def logprob_full(logits: torch.Tensor, target: torch.Tensor, temperature: float, logprob: torch.Tensor,

@@ -40,8 +40,17 @@ class MoERoutingFamily(Family):
     workload_params = {"full": ("tokens", "experts", "top_k"), "decode": ("batch", "experts", "top_k")}
     knobs = (
         Knob("BLOCK_T", (1, 2, 4, 8, 16, 32, 64), "contract",
-             "tokens per tile; with NUM_WARPS it fixes the tile layout and so the softmax row-sum order (joint)"),
+             "tokens per tile; with NUM_WARPS and EXPERT_GROUP it fixes the tile layout and so the softmax "
+             "row-sum order (joint)"),
         Knob("NUM_WARPS", (1, 2, 4, 8), "contract", "warps per tile; changes the row-sum order (joint)"),
+        Knob("EXPERT_GROUP", (0, 8), "contract",
+             "0: flat [BLOCK_T, experts] tile (16 threads per row); 8: [BLOCK_T, experts/8, 8] tile, whole rows "
+             "in 32*NUM_WARPS/BLOCK_T threads, few or no shuffles per round; changes the row-sum order (joint)"),
+        Knob("SELECT", ("rounds", "packed_prob", "logit_key"), "contract",
+             "top-k method: max+argmin rounds on fp32 probabilities; one min per round on packed (prob bits, "
+             "inverted expert) int64 keys (identical outputs); one min per round on int32 (bf16 logit, inverted "
+             "expert) keys, dividing only the k chosen (identical unless two logits round to one fp32 "
+             "probability)"),
         Knob("FULL_TILES_PER_PROGRAM", (1, 2, 4, 8), "full", "tiles looped over by one program in the full path"),
         Knob("FULL_NUM_STAGES", (1, 2, 3), "full", "software pipelining depth of the full path"),
         Knob("DECODE_TILES_PER_PROGRAM", (1, 2, 4), "decode", "tiles looped over by one program in decode"),
@@ -51,12 +60,17 @@ class MoERoutingFamily(Family):
     def opportunities(self) -> list[OpportunitySpec]:
         return [
             OpportunitySpec("tile_shape", "More tokens per tile and fewer warps amortise the per-program cost of "
-                            "the 8 selection rounds over the expert axis (joint: changes the row-sum layout)",
-                            knobs=("BLOCK_T", "NUM_WARPS")),
-            OpportunitySpec("packed_topk_key", "Each of the top-k rounds does a max and a min-index reduction. "
-                            "Probabilities are >= 0, so their fp32 bits order like int32: pack (bits << 32) | "
-                            "(E - 1 - expert) into one int64 and take one max per round (exact; ties still go to the "
-                            "lower expert)"),
+                            "the selection rounds over the expert axis; with EXPERT_GROUP 8 a row lives in "
+                            "32*NUM_WARPS/BLOCK_T threads, so rounds need fewer shuffles (joint: changes the "
+                            "row-sum layout)", knobs=("BLOCK_T", "NUM_WARPS", "EXPERT_GROUP")),
+            OpportunitySpec("selection_method", "Each round of the old selection does a max and a min-index "
+                            "reduction over fp32 probabilities after 128 divisions per token. Unique int keys "
+                            "(value bits, inverted expert) need one min per round (`prev - 1 - key` as unsigned, "
+                            "fused to one VIADDMNMX per element on Hopper); keys from the bf16 logits also skip "
+                            "the per-element division (joint)", knobs=("SELECT",)),
+            OpportunitySpec("cheaper_exp", "tl.exp lowers to 6 instructions per element on sm_90 (range check, "
+                            "two predicated multiplies around MUFU.EX2); an ex2.approx.ftz on a pre-scaled input "
+                            "is 1-2 (joint: flushes probabilities below 2^-126, changes the row sum)"),
             OpportunitySpec("full_persistent", "Loop several tiles per program so large batches launch fewer "
                             "programs", paths=("full",), knobs=("FULL_TILES_PER_PROGRAM", "FULL_NUM_STAGES")),
             OpportunitySpec("decode_schedule", "Tune the decode launch for 1-256 tokens", paths=("decode",),

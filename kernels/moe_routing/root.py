@@ -4,9 +4,27 @@ Input router logits [tokens, experts] bf16; outputs top-k weights (bf16, and the
 and expert ids (int32), in slot order (largest probability first).
 
 Bitwise agreement between paths holds because both call `_route_tile` with the same contract parameters:
-BLOCK_T rows per tile and NUM_WARPS fix the layout of the 2-D tile and so the order of the softmax row sum.
-Row max, the top-k selection (max, then min index among equals) and the slot-order sum of the selected weights
-are exact or sequential, independent of layout. The paths differ only in tiles per program and pipelining.
+BLOCK_T rows per tile, NUM_WARPS and EXPERT_GROUP fix the tile's shape and layout and so the order of the
+softmax row sum; SELECT fixes how the k experts are chosen. Row max, the top-k selection and the slot-order sum
+of the selected weights are exact or sequential, independent of layout. The paths differ only in tiles per
+program and pipelining.
+
+Selection (SELECT):
+- "rounds": k rounds of (max probability, then the lowest expert holding it) over the fp32 probabilities.
+- "packed_prob": the same choice with one reduction per round: probabilities are >= 0, so their fp32 bits order
+  like integers; (bits << 32) | (BLOCK_E - 1 - expert) is unique per row and its maximum is the "rounds" pick.
+  Outputs identical to "rounds".
+- "logit_key": the same rounds on an int32 key of the bf16 logit (sign-magnitude bits as a two's-complement
+  integer, times BLOCK_E, plus BLOCK_E - 1 - expert; +0 and -0 tie). p = exp(x - m) / s is non-decreasing in
+  x and equal logits give equal p, so this is the stable top-k of the logits, which is the stable top-k of the
+  probabilities unless two different logits round to the same fp32 probability (then it keeps the exact
+  order, like the fp64 reference, where "rounds" ties them to the lower expert). Only the k chosen
+  probabilities are computed, with the same operations (exp(x - m) / s) as the other methods, and the row max
+  comes from the first round. Each round is one subtraction and one unsigned min per element.
+EXPERT_GROUP > 0 loads the tile as [BLOCK_T, BLOCK_E / G, G] (G experts = one 16-byte vector per thread), so
+Triton lays whole rows into few threads (32 * NUM_WARPS / BLOCK_T of them when BLOCK_T <= 32 * NUM_WARPS)
+and the per-round reductions need few or no shuffles; 0 keeps the flat [BLOCK_T, BLOCK_E] tile (16 threads per
+row).
 """
 
 import torch
@@ -14,8 +32,10 @@ import triton
 import triton.language as tl
 
 KNOBS = {
-    "BLOCK_T": 4,
+    "BLOCK_T": 8,
     "NUM_WARPS": 1,
+    "EXPERT_GROUP": 8,
+    "SELECT": "logit_key",
     "FULL_TILES_PER_PROGRAM": 1,
     "FULL_NUM_STAGES": 1,
     "DECODE_TILES_PER_PROGRAM": 1,
@@ -24,32 +44,136 @@ KNOBS = {
 
 
 @triton.jit
+def _bc(v, GROUP: tl.constexpr):
+    """A per-row vector [BLOCK_T] broadcastable against the tile."""
+    if GROUP > 0:
+        return v[:, None, None]
+    else:
+        return v[:, None]
+
+
+@triton.jit
+def _row_max(t, GROUP: tl.constexpr):
+    if GROUP > 0:
+        return tl.max(tl.max(t, 2), 1)
+    else:
+        return tl.max(t, 1)
+
+
+@triton.jit
+def _row_min(t, GROUP: tl.constexpr):
+    if GROUP > 0:
+        return tl.min(tl.min(t, 2), 1)
+    else:
+        return tl.min(t, 1)
+
+
+@triton.jit
+def _row_sum(t, GROUP: tl.constexpr):
+    if GROUP > 0:
+        return tl.sum(tl.sum(t, 2), 1)
+    else:
+        return tl.sum(t, 1)
+
+
+@triton.jit
+def _next_key(keys, prev, GROUP: tl.constexpr):
+    """The largest key below `prev` in each row (keys are unique per row): one subtraction and one unsigned min
+    per element. Keys lie well within +-2**30 (int32) or 2**62 (int64) of `prev`, so `prev - 1 - key` never
+    overflows; keys >= prev give a negative difference, which as unsigned is larger than any key below."""
+    d = _bc(prev, GROUP) - 1 - keys
+    if keys.dtype == tl.int64:
+        r = _row_min(d.to(tl.uint64, bitcast=True), GROUP).to(tl.int64, bitcast=True)
+    else:
+        r = _row_min(d.to(tl.uint32, bitcast=True), GROUP).to(tl.int32, bitcast=True)
+    return prev - 1 - r
+
+
+@triton.jit
+def _logit_key(xb, cols, BLOCK_E: tl.constexpr):
+    """An int32 key that orders like the bf16 logit, ties (equal values, +0 == -0) to the lower expert."""
+    bits = xb.to(tl.int16, bitcast=True).to(tl.int32)  # sign-extended
+    sgn = bits >> 15  # 0 or -1
+    val = ((bits & 0x7FFF) ^ sgn) - sgn  # sign-magnitude -> two's complement
+    return val * BLOCK_E + (BLOCK_E - 1 - cols)
+
+
+@triton.jit
+def _key_logit(key, BLOCK_E: tl.constexpr):
+    """(fp32 logit, expert) of a `_logit_key` key; exact."""
+    inv = key & (BLOCK_E - 1)
+    val = (key - inv) // BLOCK_E  # exact division
+    mag = tl.where(val < 0, -val, val)
+    bits = tl.where(val < 0, mag | 0x8000, mag) << 16
+    return bits.to(tl.float32, bitcast=True), (BLOCK_E - 1 - inv).to(tl.int32)
+
+
+@triton.jit
 def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr):
+                BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr):
     rows = tile.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_E)
     rmask = rows < T
+    if GROUP > 0:
+        cols = tl.arange(0, BLOCK_E // GROUP)[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
+    else:
+        cols = tl.arange(0, BLOCK_E)[None, :]
     cmask = cols < E
-    x = tl.load(x_ptr + rows[:, None] * E + cols[None, :], mask=rmask[:, None] & cmask[None, :],
-                other=float("-inf")).to(tl.float32)
-    m = tl.max(x, 1)
-    m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: keep them finite, they are never stored
-    e = tl.exp(x - m[:, None])
-    s = tl.sum(e, 1)
-    s = tl.where(rmask, s, 1.0)
-    p = e / s[:, None]
-    work = tl.where(cmask[None, :], p, -1.0)  # probabilities are >= 0: padding is never selected
+    xb = tl.load(x_ptr + _bc(rows, GROUP) * E + cols, mask=_bc(rmask, GROUP) & cmask, other=float("-inf"))
+    x = xb.to(tl.float32)
     kcols = tl.arange(0, K_PAD)
     top_w = tl.zeros([BLOCK_T, K_PAD], dtype=tl.float32)
     top_i = tl.zeros([BLOCK_T, K_PAD], dtype=tl.int32)
     total = tl.zeros([BLOCK_T], dtype=tl.float32)
-    for k in tl.static_range(TOP_K):
-        v = tl.max(work, 1)
-        idx = tl.min(tl.where(work == v[:, None], cols[None, :], BLOCK_E), 1)  # ties: the lower expert
-        top_w = tl.where(kcols[None, :] == k, v[:, None], top_w)
-        top_i = tl.where(kcols[None, :] == k, idx[:, None], top_i)
-        total = total + v  # slot order, one add per slot
-        work = tl.where(cols[None, :] == idx[:, None], -1.0, work)
+    if SELECT == "logit_key":
+        keys = _logit_key(xb, cols, BLOCK_E)  # padding experts hold -inf and a smaller tie-break: never first
+        key = _next_key(keys, tl.full([BLOCK_T], 1 << 30, tl.int32), GROUP)
+        top_keys = tl.where(kcols[None, :] == 0, key[:, None], 0)
+        m, _ = _key_logit(key, BLOCK_E)  # the row max (+0 for a -0 max: x - m is the same)
+        m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: keep them finite, they are never stored
+        e = tl.exp(x - _bc(m, GROUP))
+        s = tl.where(rmask, _row_sum(e, GROUP), 1.0)
+        for k in tl.static_range(1, TOP_K):
+            key = _next_key(keys, key, GROUP)
+            top_keys = tl.where(kcols[None, :] == k, key[:, None], top_keys)
+        if STAGE_KEYS:
+            # Round-trip the chosen keys through the ids output (exact): the reload takes the store's compact
+            # layout, so the epilogue is not repeated by every thread that holds a part of the row.
+            smask = rmask[:, None] & (kcols[None, :] < TOP_K)
+            soffs = rows[:, None] * TOP_K + kcols[None, :]
+            tl.store(id_ptr + soffs, top_keys, mask=smask)
+            tl.debug_barrier()
+            top_keys = tl.load(id_ptr + soffs, mask=smask, other=0)
+        top_x, top_i = _key_logit(top_keys, BLOCK_E)
+        top_w = tl.exp(top_x - m[:, None]) / s[:, None]  # the operations of p = e / s in the other methods
+        for k in tl.static_range(TOP_K):
+            total = total + tl.sum(tl.where(kcols[None, :] == k, top_w, 0.0), 1)  # slot order (adds exact 0s)
+    else:
+        m = _row_max(x, GROUP)
+        m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: keep them finite, they are never stored
+        e = tl.exp(x - _bc(m, GROUP))
+        s = tl.where(rmask, _row_sum(e, GROUP), 1.0)
+        p = e / _bc(s, GROUP)
+        if SELECT == "packed_prob":
+            pkeys = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - cols)
+            pkeys = tl.where(cmask, pkeys, -1)  # below every real key (p >= +0)
+            key = tl.full([BLOCK_T], 1 << 62, tl.int64)
+            for k in tl.static_range(TOP_K):
+                key = _next_key(pkeys, key, GROUP)
+                v = (key >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+                idx = (BLOCK_E - 1 - (key & (BLOCK_E - 1))).to(tl.int32)
+                top_w = tl.where(kcols[None, :] == k, v[:, None], top_w)
+                top_i = tl.where(kcols[None, :] == k, idx[:, None], top_i)
+                total = total + v  # slot order, one add per slot
+        else:
+            work = tl.where(cmask, p, -1.0)  # probabilities are >= 0: padding is never selected
+            for k in tl.static_range(TOP_K):
+                v = _row_max(work, GROUP)
+                idx = _row_min(tl.where(work == _bc(v, GROUP), cols, BLOCK_E), GROUP)  # ties: the lower expert
+                top_w = tl.where(kcols[None, :] == k, v[:, None], top_w)
+                top_i = tl.where(kcols[None, :] == k, idx[:, None], top_i)
+                total = total + v  # slot order, one add per slot
+                work = tl.where(cols == _bc(idx, GROUP), -1.0, work)
     if RENORM:
         top_w = top_w / tl.where(rmask, total, 1.0)[:, None]
     omask = rmask[:, None] & (kcols[None, :] < TOP_K)
@@ -63,24 +187,37 @@ def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr,
 @triton.jit
 def _route_kernel(x_ptr, w_ptr, w32_ptr, id_ptr, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                  GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr,
                   TILES_PER_PROGRAM: tl.constexpr):
     for i in range(TILES_PER_PROGRAM):
         tile = tl.program_id(0) * TILES_PER_PROGRAM + i
-        _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM, WRITE32, BLOCK_T, BLOCK_E, TOP_K, K_PAD)
+        _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM, WRITE32, BLOCK_T, BLOCK_E, TOP_K, K_PAD,
+                    GROUP, SELECT, STAGE_KEYS)
+
+
+def _contract(E: int) -> dict:
+    """The compile-time parameters both paths share (they depend on the number of experts only)."""
+    block_e = triton.next_power_of_2(E)
+    group = min(KNOBS["EXPERT_GROUP"], block_e)
+    # Threads holding parts of one row: the flat tile spreads a row over up to 16 threads, a grouped one over
+    # 32 * NUM_WARPS / BLOCK_T. Staging the chosen keys pays off when that is more than 2.
+    lanes = min(16, block_e // 8) if group == 0 else max(1, 32 * KNOBS["NUM_WARPS"] // KNOBS["BLOCK_T"])
+    return {"BLOCK_T": KNOBS["BLOCK_T"], "BLOCK_E": block_e, "GROUP": group, "SELECT": KNOBS["SELECT"],
+            "STAGE_KEYS": KNOBS["SELECT"] == "logit_key" and lanes > 2}
 
 
 def _launch(logits, weights, ids, weights32, renormalize, path):
     T, E = logits.shape
     top_k = weights.shape[1]
-    block_t, tiles_pp = KNOBS["BLOCK_T"], KNOBS[path + "_TILES_PER_PROGRAM"]
+    tiles_pp = KNOBS[path + "_TILES_PER_PROGRAM"]
     if T == 0:
         return
-    grid = (triton.cdiv(triton.cdiv(T, block_t), tiles_pp),)
+    grid = (triton.cdiv(triton.cdiv(T, KNOBS["BLOCK_T"]), tiles_pp),)
     _route_kernel[grid](
         logits, weights, weights32 if weights32 is not None else weights, ids, T, E,
-        RENORM=bool(renormalize), WRITE32=weights32 is not None, BLOCK_T=block_t,
-        BLOCK_E=triton.next_power_of_2(E), TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k),
-        TILES_PER_PROGRAM=tiles_pp, num_warps=KNOBS["NUM_WARPS"], num_stages=KNOBS[path + "_NUM_STAGES"])
+        RENORM=bool(renormalize), WRITE32=weights32 is not None, TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k), TILES_PER_PROGRAM=tiles_pp, **_contract(E),
+        num_warps=KNOBS["NUM_WARPS"], num_stages=KNOBS[path + "_NUM_STAGES"])
 
 
 def moe_routing_full(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 from types import ModuleType
 from typing import Any
@@ -43,6 +44,14 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
+def inv_freq_kwargs(fn, inv: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{"inv_freq": inv}`` when the entry point takes it (candidates older than the knob COS_SIN do not)."""
+    try:
+        return {"inv_freq": inv} if "inv_freq" in inspect.signature(fn).parameters else {}
+    except (TypeError, ValueError):
+        return {}
+
+
 def packed_positions(lengths: list[int], start: int = 0) -> torch.Tensor:
     return torch.cat([torch.arange(start, start + n) for n in lengths]).to(torch.int32)
 
@@ -56,12 +65,23 @@ class RoPEFamily(Family):
     knobs = (
         Knob("ROUND_TABLE_TO_BF16", (False, True), "contract",
              "round cos/sin to bf16 before the fp32 rotation (HF casts the table to the activation dtype)"),
+        Knob("COS_SIN", ("table", "sincos"), "contract",
+             "cos/sin gathered from the fp32 table by position, or computed in the kernel from the position and "
+             "the fp64 inv_freq (fp64 angle and pi/2 reduction, fp32 polynomials; no dependent table load)"),
         Knob("FULL_TOKENS_PER_PROGRAM", (1, 2, 4, 8, 16), "full", "tokens rotated by one program (full path)"),
         Knob("FULL_NUM_WARPS", (1, 2, 4, 8), "full", "warps per program (full path; elementwise, no reduction)"),
         Knob("FULL_NUM_STAGES", (1, 2, 3), "full", "software pipelining depth of the full path"),
+        Knob("FULL_LOAD_ORDER", ("serial", "early"), "full",
+             "serial: position -> cos/sin -> q -> store q -> k; early: position, all q/k loads, then cos/sin"),
+        Knob("FULL_HEAD_SPLIT", (1, 2, 4), "full", "programs sharing one token's q and k heads (full path)"),
         Knob("DECODE_TOKENS_PER_PROGRAM", (1, 2, 4), "decode", "tokens rotated by one program (decode)"),
         Knob("DECODE_NUM_WARPS", (1, 2, 4, 8), "decode", "warps per program (decode)"),
         Knob("DECODE_NUM_STAGES", (1, 2, 3), "decode", "software pipelining depth of decode"),
+        Knob("DECODE_LOAD_ORDER", ("serial", "early"), "decode",
+             "serial: position -> cos/sin -> q -> store q -> k; early: position, all q/k loads, then cos/sin"),
+        Knob("DECODE_HEAD_SPLIT", (1, 2, 4, 0), "decode",
+             "programs sharing one token's q and k heads (decode; more programs in flight at batch 1); 0 = auto: "
+             "up to 4 while the launch still fits one wave of the GPU's SMs"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -72,10 +92,16 @@ class RoPEFamily(Family):
                                                     "FULL_NUM_STAGES")),
             OpportunitySpec("decode_schedule", "Decode launch shape for batches of 1-256: split heads across "
                             "programs or pack tokens", paths=("decode",),
-                            knobs=("DECODE_TOKENS_PER_PROGRAM", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES")),
-            OpportunitySpec("load_order", "Issue the q/k loads before the position -> cos/sin lookup chain (decode "
-                            "B1 waits on two dependent loads; Liger, with pre-gathered cos/sin, on one)",
-                            paths=("full", "decode")),
+                            knobs=("DECODE_TOKENS_PER_PROGRAM", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES",
+                                   "DECODE_HEAD_SPLIT")),
+            OpportunitySpec("load_order", "Issue the q/k loads before the position -> cos/sin lookup chain and "
+                            "before any store (serial order waits on position, table, then k after q's stores: "
+                            "three round trips; Liger, with pre-gathered cos/sin, one)",
+                            paths=("full", "decode"), knobs=("DECODE_LOAD_ORDER", "FULL_LOAD_ORDER")),
+            OpportunitySpec("cos_sin_in_kernel", "Compute cos/sin from position and inv_freq in the kernel "
+                            "(joint): no dependent table gather, at the price of ~30 instructions per angle "
+                            "per thread; pays where the gather's L2 round trip is exposed (small decode)",
+                            knobs=("COS_SIN",)),
             OpportunitySpec("table_precision", "Match the model's cast order for cos/sin (joint)",
                             knobs=("ROUND_TABLE_TO_BF16",)),
             OpportunitySpec("fuse_kv_append", "Write rotated k straight into the KV cache (fusing kv_append); "
@@ -103,10 +129,12 @@ class RoPEFamily(Family):
         q = checks.randn((T, hq, d), g, torch.bfloat16, device, scale)
         k = checks.randn((T, hk, d), g, torch.bfloat16, device, scale)
         cos, sin = rope_table(start + max(lengths) + 1, d, case["theta"], case.get("scaling"), device)
+        inv = inv_freq(d, case["theta"], case.get("scaling")).to(device)
+        kw_full, kw_dec = inv_freq_kwargs(impl.rope_full, inv), inv_freq_kwargs(impl.rope_decode, inv)
         pos = packed_positions(lengths, start).to(device)
         tol32 = 8e-3 if getattr(impl, "KNOBS", {}).get("ROUND_TABLE_TO_BF16") else 1e-5
         fq, fk, fq32, fk32 = _outputs(T, hq, hk, d, device)
-        impl.rope_full(q, k, cos, sin, pos, fq, fk, fq32, fk32)
+        impl.rope_full(q, k, cos, sin, pos, fq, fk, fq32, fk32, **kw_full)
         qr, kr = reference(q, cos, sin, pos), reference(k, cos, sin, pos)
         out = [checks.finite(f"full q finite {tag}", fq), checks.finite(f"full k finite {tag}", fk),
                checks.finite(f"full q fp32 finite {tag}", fq32), checks.finite(f"full k fp32 finite {tag}", fk32),
@@ -117,20 +145,21 @@ class RoPEFamily(Family):
         last = torch.tensor(lengths).cumsum(0) - 1
         dq, dk, dq32, dk32 = _outputs(len(lengths), hq, hk, d, device)
         dpos = pos[last.to(device)].contiguous()
-        impl.rope_decode(q[last].contiguous(), k[last].contiguous(), cos, sin, dpos, dq, dk, dq32, dk32)
+        impl.rope_decode(q[last].contiguous(), k[last].contiguous(), cos, sin, dpos, dq, dk, dq32, dk32, **kw_dec)
         out += [checks.bitwise(f"decode q == full rows (bf16) {tag}", dq, fq[last]),
                 checks.bitwise(f"decode k == full rows (bf16) {tag}", dk, fk[last]),
                 checks.bitwise(f"decode q == full rows (fp32) {tag}", dq32, fq32[last]),
                 checks.bitwise(f"decode k == full rows (fp32) {tag}", dk32, fk32[last])]
         oq, ok, oq32, ok32 = _outputs(1, hq, hk, d, device)
         impl.rope_decode(q[last[-1:]].contiguous(), k[last[-1:]].contiguous(), cos, sin, dpos[-1:].contiguous(),
-                         oq, ok, oq32, ok32)
+                         oq, ok, oq32, ok32, **kw_dec)
         out += [checks.bitwise(f"decode alone == in batch q (fp32) {tag}", oq32, dq32[-1:]),
                 checks.bitwise(f"decode alone == in batch k (bf16) {tag}", ok, dk[-1:])]
         # Partition: the first sequence alone (prompt-only pass) equals its rows in the packed pass.
         p = lengths[0]
         pq, pk, pq32, pk32 = _outputs(p, hq, hk, d, device)
-        impl.rope_full(q[:p].contiguous(), k[:p].contiguous(), cos, sin, pos[:p].contiguous(), pq, pk, pq32, pk32)
+        impl.rope_full(q[:p].contiguous(), k[:p].contiguous(), cos, sin, pos[:p].contiguous(), pq, pk, pq32, pk32,
+                       **kw_full)
         out += [checks.bitwise(f"sequence alone == in packed batch q (fp32) {tag}", pq32, fq32[:p]),
                 checks.bitwise(f"sequence alone == in packed batch k (bf16) {tag}", pk, fk[:p])]
         if hasattr(impl, "rope_backward"):
@@ -138,7 +167,7 @@ class RoPEFamily(Family):
             gk = checks.randn((T, hk, d), g, torch.bfloat16, device)
             bq = torch.full_like(gq, float("nan"))
             bk = torch.full_like(gk, float("nan"))
-            impl.rope_backward(gq, gk, cos, sin, pos, bq, bk)
+            impl.rope_backward(gq, gk, cos, sin, pos, bq, bk, **inv_freq_kwargs(impl.rope_backward, inv))
             rq, rk = _reference_backward(q, k, gq, gk, cos, sin, pos)
             out += [checks.reference(f"backward dq vs fp64 autograd {tag}", bq, rq),
                     checks.reference(f"backward dk vs fp64 autograd {tag}", bk, rk)]
@@ -159,6 +188,7 @@ class RoPEFamily(Family):
         pos = pos.to(device)
         fn = impl.rope_full if full else impl.rope_decode
         cos, sin = rope_table(max_pos, d, workload["theta"], workload.get("scaling"), device)
+        kw = inv_freq_kwargs(fn, inv_freq(d, workload["theta"], workload.get("scaling")).to(device))
         g = checks.generator(seed)
         tok_bytes = (hq + hk) * d * 2 * 2
         copies = checks.input_copies(device, T * tok_bytes)
@@ -166,14 +196,14 @@ class RoPEFamily(Family):
         ks = [checks.randn((T, hk, d), g, torch.bfloat16, device) for _ in range(copies)]
         qo = torch.empty((T, hq, d), dtype=torch.bfloat16, device=device)
         ko = torch.empty((T, hk, d), dtype=torch.bfloat16, device=device)
-        run = checks.rotate(lambda q, k: fn(q, k, cos, sin, pos, qo, ko), qs, ks)
+        run = checks.rotate(lambda q, k: fn(q, k, cos, sin, pos, qo, ko, **kw), qs, ks)
 
         def verify() -> list[Check]:
             fg = checks.generator(seed + 7919)
             fq = checks.randn((T, hq, d), fg, torch.bfloat16, device)
             fk = checks.randn((T, hk, d), fg, torch.bfloat16, device)
             checks.poison(qo, ko)
-            fn(fq, fk, cos, sin, pos, qo, ko)
+            fn(fq, fk, cos, sin, pos, qo, ko, **kw)
             return [checks.finite("fresh q finite", qo), checks.finite("fresh k finite", ko),
                     checks.reference("fresh q vs fp64", qo, reference(fq, cos, sin, pos)),
                     checks.reference("fresh k vs fp64", ko, reference(fk, cos, sin, pos))]

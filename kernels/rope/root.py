@@ -3,8 +3,15 @@
 cos/sin are rows of one fp32 table [max_position, head_dim // 2] indexed by each token's absolute
 position, so a token's result depends only on its own values and position. Both entry points call the
 same @triton.jit rotation helper (FMA contraction and casts therefore match); the paths differ only in
-how many tokens one program handles, warps and pipelining. `rope_backward` is the same kernel run as the
-inverse rotation (sin negated).
+how many tokens one program handles, how many programs share a token's heads, the order loads are issued
+in, warps and pipelining. `rope_backward` is the same kernel run as the inverse rotation (sin negated).
+
+COS_SIN="sincos" (contract) computes cos/sin in the kernel from the position and the fp64 inverse
+frequencies (`inv_freq`) instead of gathering table rows: the fp64 angle pos * inv_freq (the table's own
+angle), an fp64 Cody-Waite reduction by pi/2, fp32 polynomials; ~1-2 fp32 ulp from the table's values. It
+removes the dependent position -> table load; both paths run the same helper, so they stay bitwise.
+LOAD_ORDER="early" issues every q and k load of a token before the table lookup (which must wait for the
+position) and before any store: one memory round trip instead of three.
 """
 
 import torch
@@ -13,12 +20,17 @@ import triton.language as tl
 
 KNOBS = {
     "ROUND_TABLE_TO_BF16": False,
+    "COS_SIN": "table",
     "FULL_TOKENS_PER_PROGRAM": 1,
     "FULL_NUM_WARPS": 4,
     "FULL_NUM_STAGES": 1,
+    "FULL_LOAD_ORDER": "early",
+    "FULL_HEAD_SPLIT": 1,
     "DECODE_TOKENS_PER_PROGRAM": 1,
-    "DECODE_NUM_WARPS": 4,
+    "DECODE_NUM_WARPS": 2,
     "DECODE_NUM_STAGES": 1,
+    "DECODE_LOAD_ORDER": "early",
+    "DECODE_HEAD_SPLIT": 0,
 }
 
 
@@ -29,14 +41,44 @@ def _rotate(x1, x2, c, s):
 
 
 @triton.jit
-def _rope_heads(x_ptr, y_ptr, y32_ptr, tok, n_heads, c, s, HALF,
-                BLOCK_HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr, WRITE32: tl.constexpr):
-    heads = tl.arange(0, BLOCK_HEADS)
+def _cos_sin(pos, inv_ptr, cols, HALF):
+    """cos/sin of the fp64 angle pos * inv_freq[cols] as fp32 (explicit FMAs: no contraction choices left)."""
+    inv = tl.load(inv_ptr + cols, mask=cols < HALF, other=0.0)
+    a = pos.to(tl.float64) * inv  # the same fp64 product the table is built from
+    # k = round(a / (pi/2)); r = a - k*pi/2 with pi/2 = P1 + P2 (P1 has 30 bits: k*P1 is exact, so is a - k*P1).
+    k = tl.floor(tl.fma(a, tl.full([], 0.6366197723675814, tl.float64), tl.full([], 0.5, tl.float64)))
+    r = tl.fma(-k, tl.full([], 1.570796325802803, tl.float64), a)
+    r = tl.fma(-k, tl.full([], 9.920935796805404e-10, tl.float64), r).to(tl.float32)
+    quad = k.to(tl.int32) & 3
+    r2 = r * r
+    # Taylor to r^9 / r^10 on |r| <= pi/4: truncation below 2e-9, under half an fp32 ulp of the result.
+    ps = tl.fma(r2, 2.7557319223985893e-06, -1.984126984126984e-04)
+    ps = tl.fma(r2, ps, 8.333333333333333e-03)
+    ps = tl.fma(r2, ps, -1.6666666666666666e-01)
+    sr = tl.fma(r * r2, ps, r)
+    pc = tl.fma(r2, -2.755731922398589e-07, 2.48015873015873e-05)
+    pc = tl.fma(r2, pc, -1.388888888888889e-03)
+    pc = tl.fma(r2, pc, 4.1666666666666664e-02)
+    pc = tl.fma(r2, pc, -0.5)
+    cr = tl.fma(r2, pc, 1.0)
+    # sin(r + quad*pi/2), cos(r + quad*pi/2)
+    c = tl.where(quad == 0, cr, tl.where(quad == 1, -sr, tl.where(quad == 2, -cr, sr)))
+    s = tl.where(quad == 0, sr, tl.where(quad == 1, cr, tl.where(quad == 2, -sr, -cr)))
+    return c, s
+
+
+@triton.jit
+def _head_tile(tok, n_heads, head0, HALF, BLOCK_HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    """Offsets and mask of heads [head0, head0 + BLOCK_HEADS) of one token."""
+    heads = head0 + tl.arange(0, BLOCK_HEADS)
     cols = tl.arange(0, BLOCK_HALF)
     mask = (heads < n_heads)[:, None] & (cols < HALF)[None, :]
     offs = tok.to(tl.int64) * n_heads * 2 * HALF + heads[:, None] * 2 * HALF + cols[None, :]
-    x1 = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    return offs, mask
+
+
+@triton.jit
+def _store_heads(y_ptr, y32_ptr, offs, mask, x1, x2, c, s, HALF, WRITE32: tl.constexpr):
     o1, o2 = _rotate(x1, x2, c[None, :], s[None, :])
     tl.store(y_ptr + offs, o1.to(tl.bfloat16), mask=mask)
     tl.store(y_ptr + offs + HALF, o2.to(tl.bfloat16), mask=mask)
@@ -46,64 +88,124 @@ def _rope_heads(x_ptr, y_ptr, y32_ptr, tok, n_heads, c, s, HALF,
 
 
 @triton.jit
-def _rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, qo_ptr, ko_ptr, q32_ptr, k32_ptr,
+def _rope_heads(x_ptr, y_ptr, y32_ptr, tok, n_heads, c, s, HALF,
+                BLOCK_HEADS: tl.constexpr, BLOCK_HALF: tl.constexpr, WRITE32: tl.constexpr):
+    """Load, rotate and store all heads of one token (loads after cos/sin, in program order)."""
+    offs, mask = _head_tile(tok, n_heads, 0, HALF, BLOCK_HEADS, BLOCK_HALF)
+    x1 = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+    _store_heads(y_ptr, y32_ptr, offs, mask, x1, x2, c, s, HALF, WRITE32)
+
+
+@triton.jit
+def _cos_sin_of(pos, cos_ptr, sin_ptr, inv_ptr, cols, HALF,
+                SINCOS: tl.constexpr, ROUND_TABLE: tl.constexpr, INVERSE: tl.constexpr):
+    if SINCOS:
+        c, s = _cos_sin(pos, inv_ptr, cols, HALF)
+    else:
+        c = tl.load(cos_ptr + pos * HALF + cols, mask=cols < HALF, other=0.0)
+        s = tl.load(sin_ptr + pos * HALF + cols, mask=cols < HALF, other=0.0)
+    if ROUND_TABLE:  # the HF order: the table cast to the activation dtype first
+        c = c.to(tl.bfloat16).to(tl.float32)
+        s = s.to(tl.bfloat16).to(tl.float32)
+    if INVERSE:
+        s = -s
+    return c, s
+
+
+@triton.jit
+def _rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, inv_ptr, qo_ptr, ko_ptr, q32_ptr, k32_ptr,
                  n_tokens, n_q_heads, n_k_heads, HALF,
                  TOKENS_PER_PROGRAM: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
                  BLOCK_HALF: tl.constexpr, ROUND_TABLE: tl.constexpr, INVERSE: tl.constexpr,
-                 WRITE32: tl.constexpr):
+                 WRITE32: tl.constexpr, SINCOS: tl.constexpr, EARLY_LOADS: tl.constexpr,
+                 HEAD_SPLIT: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_HALF)
     for i in range(TOKENS_PER_PROGRAM):
         tok = pid * TOKENS_PER_PROGRAM + i
         if tok < n_tokens:
-            pos = tl.load(pos_ptr + tok).to(tl.int64)
-            c = tl.load(cos_ptr + pos * HALF + cols, mask=cols < HALF, other=0.0)
-            s = tl.load(sin_ptr + pos * HALF + cols, mask=cols < HALF, other=0.0)
-            if ROUND_TABLE:  # the HF order: the table cast to the activation dtype first
-                c = c.to(tl.bfloat16).to(tl.float32)
-                s = s.to(tl.bfloat16).to(tl.float32)
-            if INVERSE:
-                s = -s
-            _rope_heads(q_ptr, qo_ptr, q32_ptr, tok, n_q_heads, c, s, HALF, BLOCK_QH, BLOCK_HALF, WRITE32)
-            _rope_heads(k_ptr, ko_ptr, k32_ptr, tok, n_k_heads, c, s, HALF, BLOCK_KH, BLOCK_HALF, WRITE32)
+            if EARLY_LOADS or HEAD_SPLIT > 1:
+                # Position first, then every q/k load (independent of it), then cos/sin, which wait on it.
+                pos = tl.load(pos_ptr + tok).to(tl.int64)
+                if HEAD_SPLIT > 1:
+                    part = tl.program_id(1)
+                    q_offs, q_mask = _head_tile(tok, n_q_heads, part * BLOCK_QH, HALF, BLOCK_QH, BLOCK_HALF)
+                    k_offs, k_mask = _head_tile(tok, n_k_heads, part * BLOCK_KH, HALF, BLOCK_KH, BLOCK_HALF)
+                else:
+                    q_offs, q_mask = _head_tile(tok, n_q_heads, 0, HALF, BLOCK_QH, BLOCK_HALF)
+                    k_offs, k_mask = _head_tile(tok, n_k_heads, 0, HALF, BLOCK_KH, BLOCK_HALF)
+                q1 = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0).to(tl.float32)
+                q2 = tl.load(q_ptr + q_offs + HALF, mask=q_mask, other=0.0).to(tl.float32)
+                k1 = tl.load(k_ptr + k_offs, mask=k_mask, other=0.0).to(tl.float32)
+                k2 = tl.load(k_ptr + k_offs + HALF, mask=k_mask, other=0.0).to(tl.float32)
+                c, s = _cos_sin_of(pos, cos_ptr, sin_ptr, inv_ptr, cols, HALF, SINCOS, ROUND_TABLE, INVERSE)
+                _store_heads(qo_ptr, q32_ptr, q_offs, q_mask, q1, q2, c, s, HALF, WRITE32)
+                _store_heads(ko_ptr, k32_ptr, k_offs, k_mask, k1, k2, c, s, HALF, WRITE32)
+            else:
+                pos = tl.load(pos_ptr + tok).to(tl.int64)
+                c, s = _cos_sin_of(pos, cos_ptr, sin_ptr, inv_ptr, cols, HALF, SINCOS, ROUND_TABLE, INVERSE)
+                _rope_heads(q_ptr, qo_ptr, q32_ptr, tok, n_q_heads, c, s, HALF, BLOCK_QH, BLOCK_HALF, WRITE32)
+                _rope_heads(k_ptr, ko_ptr, k32_ptr, tok, n_k_heads, c, s, HALF, BLOCK_KH, BLOCK_HALF, WRITE32)
 
 
-def _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, tokens_per_program, num_warps, num_stages,
-            inverse=False):
+def _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, tokens_per_program, num_warps,
+            num_stages, load_order, head_split, inverse=False):
     n_tokens, n_q_heads, head_dim = q.shape
     n_k_heads = k.shape[1]
     half = head_dim // 2
     write32 = q32 is not None
-    grid = (triton.cdiv(n_tokens, tokens_per_program),)
+    sincos = KNOBS["COS_SIN"] == "sincos"
+    if sincos and (inv_freq is None or inv_freq.dtype != torch.float64 or inv_freq.numel() != half):
+        raise ValueError("COS_SIN='sincos' needs inv_freq: fp64 [head_dim // 2] on the device")
+    programs = triton.cdiv(n_tokens, tokens_per_program)
+    if head_split == 0:  # auto: split a token's heads over up to 4 programs while that still fits one wave
+        head_split = 1
+        while head_split < 4 and programs * head_split * 2 <= _sm_count(q.device):
+            head_split *= 2
+    grid = (programs, head_split)
+    block_qh = triton.next_power_of_2(triton.cdiv(n_q_heads, head_split))
+    block_kh = triton.next_power_of_2(triton.cdiv(n_k_heads, head_split))
+    if sincos:  # k in a tile of q's shape: one register layout, so cos/sin are computed once, not per layout
+        block_kh = block_qh = max(block_qh, block_kh)
     _rope_kernel[grid](
-        q, k, cos, sin, positions, q_out, k_out, q32 if write32 else q_out, k32 if write32 else k_out,
+        q, k, cos, sin, positions, inv_freq if sincos else cos, q_out, k_out,
+        q32 if write32 else q_out, k32 if write32 else k_out,
         n_tokens, n_q_heads, n_k_heads, half,
-        TOKENS_PER_PROGRAM=tokens_per_program, BLOCK_QH=triton.next_power_of_2(n_q_heads),
-        BLOCK_KH=triton.next_power_of_2(n_k_heads), BLOCK_HALF=triton.next_power_of_2(half),
-        ROUND_TABLE=KNOBS["ROUND_TABLE_TO_BF16"], INVERSE=inverse, WRITE32=write32,
+        TOKENS_PER_PROGRAM=tokens_per_program, BLOCK_QH=block_qh, BLOCK_KH=block_kh,
+        BLOCK_HALF=triton.next_power_of_2(half), ROUND_TABLE=KNOBS["ROUND_TABLE_TO_BF16"], INVERSE=inverse,
+        WRITE32=write32, SINCOS=sincos, EARLY_LOADS=load_order == "early", HEAD_SPLIT=head_split,
         num_warps=num_warps, num_stages=num_stages,
     )
 
 
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
 def rope_full(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
               q_out: torch.Tensor, k_out: torch.Tensor, q32: torch.Tensor | None = None,
-              k32: torch.Tensor | None = None) -> None:
+              k32: torch.Tensor | None = None, inv_freq: torch.Tensor | None = None) -> None:
     """All tokens of a packed batch: q [tokens, q_heads, head_dim], k [tokens, kv_heads, head_dim] (contiguous),
-    positions [tokens] (each token's absolute position), cos/sin fp32 [max_position, head_dim // 2]."""
-    _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, KNOBS["FULL_TOKENS_PER_PROGRAM"],
-            KNOBS["FULL_NUM_WARPS"], KNOBS["FULL_NUM_STAGES"])
+    positions [tokens] (each token's absolute position), cos/sin fp32 [max_position, head_dim // 2], inv_freq
+    the fp64 inverse frequencies [head_dim // 2] the table was built from (read only with COS_SIN="sincos")."""
+    _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, KNOBS["FULL_TOKENS_PER_PROGRAM"],
+            KNOBS["FULL_NUM_WARPS"], KNOBS["FULL_NUM_STAGES"], KNOBS["FULL_LOAD_ORDER"], KNOBS["FULL_HEAD_SPLIT"])
 
 
 def rope_decode(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 q_out: torch.Tensor, k_out: torch.Tensor, q32: torch.Tensor | None = None,
-                k32: torch.Tensor | None = None) -> None:
+                k32: torch.Tensor | None = None, inv_freq: torch.Tensor | None = None) -> None:
     """One token per sequence: q [batch, q_heads, head_dim], positions [batch]; same numerics as rope_full."""
-    _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, KNOBS["DECODE_TOKENS_PER_PROGRAM"],
-            KNOBS["DECODE_NUM_WARPS"], KNOBS["DECODE_NUM_STAGES"])
+    _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, KNOBS["DECODE_TOKENS_PER_PROGRAM"],
+            KNOBS["DECODE_NUM_WARPS"], KNOBS["DECODE_NUM_STAGES"], KNOBS["DECODE_LOAD_ORDER"],
+            KNOBS["DECODE_HEAD_SPLIT"])
 
 
 def rope_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  positions: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor) -> None:
+                  positions: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
+                  inv_freq: torch.Tensor | None = None) -> None:
     """Gradients w.r.t. the un-rotated q and k: the inverse rotation of the incoming gradients."""
-    _launch(grad_q, grad_k, cos, sin, positions, dq, dk, None, None, KNOBS["FULL_TOKENS_PER_PROGRAM"],
-            KNOBS["FULL_NUM_WARPS"], KNOBS["FULL_NUM_STAGES"], inverse=True)
+    _launch(grad_q, grad_k, cos, sin, positions, dq, dk, None, None, inv_freq, KNOBS["FULL_TOKENS_PER_PROGRAM"],
+            KNOBS["FULL_NUM_WARPS"], KNOBS["FULL_NUM_STAGES"], KNOBS["FULL_LOAD_ORDER"], KNOBS["FULL_HEAD_SPLIT"],
+            inverse=True)

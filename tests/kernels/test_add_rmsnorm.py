@@ -16,6 +16,8 @@ def test_root_passes_all_cases_two_seeds():
     {"BLOCK_H": 512, "NUM_WARPS": 4},
     {"BLOCK_H": 1024, "FULL_ROWS_PER_PROGRAM": 4, "DECODE_ROWS_PER_PROGRAM": 2},
     {"BLOCK_H": 0, "FULL_ROWS_PER_PROGRAM": 8, "FULL_NUM_STAGES": 2},
+    {"DECODE_WEIGHT_LOAD": "early", "FULL_ROWS_PER_PROGRAM": 2},
+    {"FULL_WEIGHT_LOAD": "early", "DECODE_ROWS_PER_PROGRAM": 2},
 ])
 def test_knob_variants_pass(knobs):
     assert R.failures(FAM, R.load_with_knobs(FAM, **knobs)) == []

@@ -2,6 +2,7 @@
 mismatch. The interpreter's dot is exact (tik_evo.interp), so a different K order in one path shows up."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import _family
 import pytest
@@ -27,6 +28,21 @@ def test_knob_variants_pass(knobs):
     assert failures(load(tag, **knobs)) == []
 
 
+@pytest.mark.parametrize("knobs", [
+    {"DECODE_BLOCK_N": 16, "DECODE_K_UNROLL": 4, "DECODE_SMALL_M": 4, "DECODE_SMALL_BLOCK_N": 8,
+     "DECODE_SMALL_K_UNROLL": 8, "DECODE_SMALL_NUM_WARPS": 1},
+    {"DECODE_BLOCK_M": 16, "DECODE_BLOCK_N": 16, "DECODE_K_UNROLL": 8, "DECODE_USE_TMA": False},
+    {"K_CHUNK": 512, "DECODE_BLOCK_N": 32, "DECODE_K_UNROLL": 2},
+])
+def test_unrolled_decode_variants_pass(knobs):
+    # k = 200: 4 tiles, the last one partial (inside a group of 4, a leftover for 8); k = 1088: 17 tiles, groups
+    # plus a leftover (with K_CHUNK 512: chunks of 8, 8 and 1 tiles). Decode launches have 1, 3 and 9 rows: with
+    # DECODE_SMALL_M 4 both decode schedules run. Decode-only knobs: the backward is skipped.
+    impl = load("u" + str(abs(hash(tuple(sorted(knobs.items()))))), **knobs)
+    paths = SimpleNamespace(linear_full=impl.linear_full, linear_decode=impl.linear_decode)
+    assert failures(paths, cases=FAMILY.check_cases("full")[1:]) == []
+
+
 @pytest.mark.parametrize("full_knobs,decode_knobs", [
     ({"BLOCK_K": 64}, {"BLOCK_K": 32}),
     ({"K_CHUNK": 0}, {"K_CHUNK": 512}),
@@ -35,6 +51,18 @@ def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
     impl = _family.split_paths(load("mf", **full_knobs), load("md", **decode_knobs))
     case = [c for c in FAMILY.check_cases("full") if c["k"] > 512]
     bad = failures(impl, cases=case)
+    assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
+    assert all(kind == "consistency" for _, kind, _ in bad)
+
+
+def test_unrolled_decode_out_of_order_is_caught():
+    # The unrolled group's dots applied in descending k: decode must no longer equal the full path.
+    def reverse(src):
+        assert src.count("k0 + u * BLOCK_K") == 2
+        return src.replace("k0 + u * BLOCK_K", "k0 + (UNROLL - 1 - u) * BLOCK_K")
+
+    impl = load("unroll_rev", reverse, DECODE_K_UNROLL=4)
+    bad = failures(impl, cases=[c for c in FAMILY.check_cases("full") if c["k"] > 512])
     assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
     assert all(kind == "consistency" for _, kind, _ in bad)
 

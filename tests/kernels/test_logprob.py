@@ -20,6 +20,9 @@ def test_root_passes_all_cases():
 @pytest.mark.parametrize("knobs", [
     {"VOCAB_SPLIT": 8192, "VOCAB_CHUNK": 1024, "NUM_WARPS": 8, "DECODE_SPLIT_PARALLEL": True},
     {"VOCAB_SPLIT": 8192, "VOCAB_CHUNK": 2048, "FULL_SPLIT_PARALLEL": True, "DECODE_SPLIT_PARALLEL": False},
+    {"SOFTMAX_FORM": "exp"},  # the previous formula
+    {"SOFTMAX_FORM": "exp", "VOCAB_SPLIT": 8192, "VOCAB_CHUNK": 1024},
+    {"SOFTMAX_FORM": "exp2", "VOCAB_SPLIT": 0, "VOCAB_CHUNK": 512},  # many full chunks, rescales, one tail
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
@@ -29,6 +32,7 @@ def test_knob_variants_pass(knobs):
 @pytest.mark.parametrize("full_knobs,decode_knobs", [
     ({"VOCAB_CHUNK": 2048}, {"VOCAB_CHUNK": 1024}),
     ({"VOCAB_SPLIT": 0}, {"VOCAB_SPLIT": 2048}),
+    ({"SOFTMAX_FORM": "exp2"}, {"SOFTMAX_FORM": "exp"}),
 ])
 def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
     impl = _family.split_paths(load("mf", **full_knobs), load("md", **decode_knobs))

@@ -1,14 +1,18 @@
 """moe_routing family under TRITON_INTERPRET=1 on the CPU: consistency structure, knob variants, backward, a caught
-mismatch. The interpreter's dot is exact (tik_evo.interp), so a different division or tie rule in one path shows up."""
+mismatch. The interpreter's dot is exact (tik_evo.interp), so a different division or tie rule in one path shows up.
+The selection methods (SELECT) are compared with each other and with a stable fp64 top-k on tie-heavy logits."""
 
 from pathlib import Path
 
 import _family
 import pytest
+import torch
 
 from kernels.moe_routing import FAMILY
+from kernels.moe_routing.family import reference
 
 load, failures = _family.loader(FAMILY)
+OLD_ROOT = {"SELECT": "rounds", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1}
 
 
 def test_root_passes_all_cases():
@@ -18,25 +22,90 @@ def test_root_passes_all_cases():
 
 
 @pytest.mark.parametrize("knobs", [
-    {"BLOCK_T": 16, "NUM_WARPS": 4, "FULL_TILES_PER_PROGRAM": 4, "DECODE_TILES_PER_PROGRAM": 2},
-    {"BLOCK_T": 8, "NUM_WARPS": 2, "FULL_NUM_STAGES": 2},
+    OLD_ROOT,
+    {"SELECT": "packed_prob", "EXPERT_GROUP": 0, "BLOCK_T": 4},
+    {"SELECT": "logit_key", "EXPERT_GROUP": 0, "BLOCK_T": 8, "NUM_WARPS": 2},  # staged keys, flat tile
+    {"BLOCK_T": 8, "NUM_WARPS": 1, "FULL_TILES_PER_PROGRAM": 4, "DECODE_TILES_PER_PROGRAM": 2},  # staged
+    {"BLOCK_T": 32, "NUM_WARPS": 1, "FULL_NUM_STAGES": 2},  # one thread per row
+    {"SELECT": "packed_prob", "BLOCK_T": 16, "NUM_WARPS": 4},
+    {"SELECT": "rounds", "BLOCK_T": 8, "NUM_WARPS": 2},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
     assert failures(load(tag, **knobs)) == []
 
 
+def _tie_logits(tokens: int, experts: int, seed: int = 0) -> torch.Tensor:
+    """Scaled-down logits (many bf16 ties) plus rows of exact ties, signed zeros, -inf and an equal top run."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(tokens, experts, generator=g) * 0.02).to(torch.bfloat16)
+    x[1] = 0.0
+    x[2, ::2] = -0.0
+    x[3, : experts // 3] = float("-inf")
+    x[4, 5:13] = x[4].max() + 1
+    x[5] = x[5, 7]
+    x[6, experts - 9:] = 1.0  # the top-k at the last experts
+    return x
+
+
+def _route(impl, x, top_k, renorm=True, decode=False):
+    w = torch.empty(x.shape[0], top_k, dtype=torch.bfloat16)
+    w32 = torch.empty(x.shape[0], top_k)
+    ids = torch.full((x.shape[0], top_k), -1, dtype=torch.int32)
+    (impl.moe_routing_decode if decode else impl.moe_routing_full)(x, w, ids, w32, renorm)
+    return w.view(torch.int16), w32.view(torch.int32), ids
+
+
+@pytest.mark.parametrize("tile", [{"EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1},
+                                  {"EXPERT_GROUP": 8, "BLOCK_T": 16, "NUM_WARPS": 1}])
+@pytest.mark.parametrize("experts,top_k,renorm", [(128, 8, True), (60, 6, False)])
+def test_select_methods_identical_on_ties(tile, experts, top_k, renorm):
+    # One tile (so one row-sum order): every selection method gives the same bits, ids equal a stable fp64
+    # top-k, and decode rows equal full rows.
+    x = _tie_logits(45, experts)
+    ref_ids = reference(x, top_k, renorm)[1]
+    outs = {sel: _route(load(f"sel_{sel}", SELECT=sel, **tile), x, top_k, renorm)
+            for sel in ("rounds", "packed_prob", "logit_key")}
+    for sel, out in outs.items():
+        assert torch.equal(out[2], ref_ids), sel
+        for a, b in zip(out, outs["rounds"]):
+            assert torch.equal(a, b), sel
+    rows = torch.tensor([0, 1, 2, 3, 4, 5, 6, 17, 44])
+    dec = _route(load("sel_logit_key", SELECT="logit_key", **tile), x[rows].contiguous(), top_k, renorm, True)
+    for a, b in zip(dec, outs["logit_key"]):
+        assert torch.equal(a, b[rows])
+
+
+def test_grouped_tile_keeps_ids_and_bf16_weights():
+    # The grouped tile reduces the row sum in another order (a contract change): fp32 weights may differ in the
+    # last bits, the ids and (here) the bf16 weights do not.
+    x = _tie_logits(37, 128, seed=3)
+    flat = _route(load("flat_old", **OLD_ROOT), x, 8)
+    grouped = _route(load(), x, 8)
+    assert torch.equal(flat[2], grouped[2])
+    assert torch.equal(flat[0], grouped[0])
+
+
 def test_reciprocal_in_one_path_is_caught():
-    edit = lambda s: s.replace("p = e / s[:, None]", "p = e * (1.0 / s[:, None])")  # noqa: E731
+    edit = lambda s: s.replace("top_w = tl.exp(top_x - m[:, None]) / s[:, None]",  # noqa: E731
+                               "top_w = tl.exp(top_x - m[:, None]) * (1.0 / s[:, None])")
     bad = failures(_family.split_paths(load("rf"), load("rd", source_edit=edit)))
     assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
     assert all(kind == "consistency" for _, kind, _ in bad)
 
 
 def test_ties_to_higher_index_in_one_path_is_caught():
-    edit = lambda s: s.replace("idx = tl.min(tl.where(work == v[:, None], cols[None, :], BLOCK_E), 1)",  # noqa: E731
-                               "idx = tl.max(tl.where(work == v[:, None], cols[None, :], -1), 1)")
+    edit = lambda s: s.replace("return val * BLOCK_E + (BLOCK_E - 1 - cols)",  # noqa: E731
+                               "return val * BLOCK_E + cols")
     bad = failures(_family.split_paths(load("tf"), load("td", source_edit=edit)), cases=FAMILY.check_cases("full")[:2])
+    assert any(kind == "consistency" and "(ids)" in name for name, kind, _ in bad), bad
+
+
+def test_ties_to_higher_index_in_old_rounds_is_caught():
+    edit = lambda s: s.replace("idx = _row_min(tl.where(work == _bc(v, GROUP), cols, BLOCK_E), GROUP)",  # noqa: E731
+                               "idx = _row_max(tl.where(work == _bc(v, GROUP), cols, -1), GROUP)")
+    bad = failures(_family.split_paths(load("of", **OLD_ROOT), load("od", source_edit=edit, **OLD_ROOT)),
+                   cases=FAMILY.check_cases("full")[:2])
     assert any(kind == "consistency" and "(ids)" in name for name, kind, _ in bad), bad
 
 
