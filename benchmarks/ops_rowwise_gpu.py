@@ -88,19 +88,15 @@ SWEEP = {
         {"FULL_BLOCK_I": 2048, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_I": 2048, "DECODE_NUM_WARPS": 8},
         {"FULL_BLOCK_I": 4096, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_I": 4096, "DECODE_NUM_WARPS": 8},
         {"FULL_BLOCK_I": 4096, "FULL_NUM_WARPS": 16, "DECODE_BLOCK_I": 4096, "DECODE_NUM_WARPS": 16}]),
-    # rope: load order (all q/k loads before the position -> table chain and before any store), heads split over
-    # programs at batch 1, and cos/sin computed in the kernel (contract: no dependent table load).
+    # rope (root: early loads, 2 decode warps, auto head split; measured in rowwise_sweep2_2026-12-02.json against
+    # the serial root, the split and in-kernel cos/sin): decode warps and tokens per program around the new root.
     "rope": (("qwen3-4b.decode.B1", "qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [
-        {}, {"DECODE_LOAD_ORDER": "early", "FULL_LOAD_ORDER": "early"},
-        {"DECODE_LOAD_ORDER": "early", "DECODE_NUM_WARPS": 2, "FULL_LOAD_ORDER": "early"},
-        {"DECODE_LOAD_ORDER": "early", "DECODE_HEAD_SPLIT": 4, "DECODE_NUM_WARPS": 2, "FULL_LOAD_ORDER": "early"},
-        {"COS_SIN": "sincos", "DECODE_LOAD_ORDER": "early", "FULL_LOAD_ORDER": "early"},
-        {"COS_SIN": "sincos", "DECODE_LOAD_ORDER": "early", "DECODE_HEAD_SPLIT": 2, "FULL_LOAD_ORDER": "early"}]),
+        {}, {"DECODE_HEAD_SPLIT": 1}, {"DECODE_NUM_WARPS": 1}, {"DECODE_NUM_WARPS": 4, "DECODE_TOKENS_PER_PROGRAM": 2},
+        {"DECODE_NUM_WARPS": 1, "DECODE_HEAD_SPLIT": 2}]),
+    # add_rmsnorm (root: weight loaded with x and the residual): the previous late load, and 4 warps (contract).
     "add_rmsnorm": (("qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B256"), [
-        {}, {"FULL_ROWS_PER_PROGRAM": 2, "DECODE_ROWS_PER_PROGRAM": 2},
-        {"FULL_NUM_STAGES": 2, "DECODE_NUM_STAGES": 2}, {"NUM_WARPS": 4},
-        {"FULL_WEIGHT_LOAD": "early", "DECODE_WEIGHT_LOAD": "early"},
-        {"FULL_WEIGHT_LOAD": "early", "DECODE_WEIGHT_LOAD": "early", "FULL_NUM_STAGES": 2}]),
+        {}, {"FULL_WEIGHT_LOAD": "late", "DECODE_WEIGHT_LOAD": "late"}, {"NUM_WARPS": 4},
+        {"DECODE_NUM_STAGES": 2}]),
     "embedding": (("qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [
         {}, {"FULL_BLOCK_H": 2048, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_H": 2048, "DECODE_NUM_WARPS": 8},
         {"FULL_BLOCK_H": 4096, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_H": 4096, "DECODE_NUM_WARPS": 8},

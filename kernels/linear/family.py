@@ -58,6 +58,8 @@ class LinearFamily(Family):
              "launches"),
         Knob("DECODE_SMALL_NUM_WARPS", (1, 2, 4), "decode", "warps per tile in small decode launches"),
         Knob("DECODE_SMALL_NUM_STAGES", (2, 3, 4, 5, 6), "decode", "pipelining depth of small decode launches"),
+        Knob("DECODE_FULL_TILES_M", (0, 64, 128, 256), "decode",
+             "decode launches of at least this many rows use the full path's tile schedule (0: never)"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -93,7 +95,7 @@ class LinearFamily(Family):
                             "column tile re-reads x", paths=("decode",),
                             knobs=("DECODE_BLOCK_N", "DECODE_K_UNROLL", "DECODE_NUM_STAGES", "DECODE_SMALL_M",
                                    "DECODE_SMALL_BLOCK_N", "DECODE_SMALL_K_UNROLL", "DECODE_SMALL_NUM_WARPS",
-                                   "DECODE_SMALL_NUM_STAGES")),
+                                   "DECODE_SMALL_NUM_STAGES", "DECODE_FULL_TILES_M")),
         ]
 
     def check_cases(self, level: str) -> list[dict[str, Any]]:

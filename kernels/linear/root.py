@@ -42,6 +42,7 @@ KNOBS = {
     "DECODE_SMALL_K_UNROLL": 4,
     "DECODE_SMALL_NUM_WARPS": 2,
     "DECODE_SMALL_NUM_STAGES": 4,
+    "DECODE_FULL_TILES_M": 0,
 }
 
 
@@ -212,6 +213,8 @@ def _launch(x, weight, bias, out, out32, path):
     """out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]); any strides (the backward passes transposes)."""
     M, K = x.shape
     N = weight.shape[0]
+    if path == "DECODE" and 0 < KNOBS["DECODE_FULL_TILES_M"] <= M:
+        path = "FULL"  # a decode batch big enough to be a GEMM runs the full path's schedule (same dot steps)
     block_k, k_chunk = KNOBS["BLOCK_K"], KNOBS["K_CHUNK"]
     bm, bn = KNOBS[path + "_BLOCK_M"], KNOBS[path + "_BLOCK_N"]
     group_m, warps, stages = KNOBS[path + "_GROUP_M"], KNOBS[path + "_NUM_WARPS"], KNOBS[path + "_NUM_STAGES"]
