@@ -11,59 +11,22 @@ and the report would describe a kernel that never runs. Uses Triton's bundled pt
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
+
 ALIGNED = {"Q", "K", "V", "CTX", "O", "O32", "M_WS", "L_WS", "ACC_WS", "S", "S_CAP", "TOTAL_ROWS"}
 PREFILL_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*bf16", "S": "i32",
                "TOTAL_ROWS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 DECODE_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "S_CAP": "i32", "TOTAL_ROWS": "i32",
               "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
-
-
-def load(source: Path, knobs: dict):
-    from tik_evo.knobs import read_knobs, write_knobs
-
-    text = source.read_text()
-    text = write_knobs(text, {**read_knobs(text), **knobs})
-    path = Path(tempfile.mkdtemp()) / "attention_report.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def compile_one(fn, sig: dict, consts: dict, warps: int, stages: int) -> dict:
-    full = {**sig, **{k: "constexpr" for k in consts}}
-    names = list(full)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED if n in names}
-    k = triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    with tempfile.TemporaryDirectory() as d:
-        ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
-        Path(ptx).write_text(k.asm["ptx"])
-        info = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
-                              capture_output=True, text=True).stderr
-        sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
-    num = lambda pat: int(m.group(1)) if (m := re.search(pat, info)) else None  # noqa: E731
-    return {"shared_bytes": k.metadata.shared, "registers": num(r"Used (\d+) registers"),
-            "spill_store_bytes": num(r"(\d+) bytes spill stores"), "HGMMA": sass.count("HGMMA"),
-            "UTMALDG": sass.count("UTMALDG"), "ptxas_warnings": re.findall(r"\(C\d+\)[^\n]*", info)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,21 +36,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--decode-split", type=int, default=None, help="decode's SPLIT (default: the knob)")
     args = ap.parse_args(argv)
-    mod = load(args.source, json.loads(args.knobs))
+    mod = load_variant(args.source, json.loads(args.knobs), "attention_report")
     kn = mod.KNOBS
-    prefill = compile_one(mod._prefill_kernel, PREFILL_SIG, {
+    prefill = compile_sm90(mod._prefill_kernel, PREFILL_SIG, {
         "HEAD_D": args.head_dim, "BLOCK_M": kn["BLOCK_M"], "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"],
         "SPLIT_LOOP": kn["FULL_SPLIT_LOOP"], "TMA": kn["FULL_KV_LOADS"] == "tma", "WRITE32": False},
-        kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"])
+        kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"], ALIGNED)
     split = kn["SPLIT_TOKENS"] if args.decode_split is None else args.decode_split
     cpp = kn["DECODE_CHUNKS_PER_PROGRAM"] or 8  # "auto" resolves at launch; 8 is its value at B16 ctx 8K split 256
     # The decode tile as decode() picks it (32 query / 8 KV heads: groups of 4 rows fit every tile).
     block_m = kn["DECODE_BLOCK_M"] if kn["ROW_SUM"] == "dot" else max(kn["DECODE_BLOCK_M"], 64)
-    decode = compile_one(mod._decode_kernel, DECODE_SIG, {
+    decode = compile_sm90(mod._decode_kernel, DECODE_SIG, {
         "HEAD_D": args.head_dim, "BLOCK_M": block_m, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split,
         "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
         "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl", "WRITE32": False},
-        kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"])
+        kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
     print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode}, indent=1))
     return 0
 

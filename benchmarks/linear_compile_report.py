@@ -11,23 +11,15 @@ divisibility on pointers and on N, K and the row strides (model shapes), unit in
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.util
 import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
 
 SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*bf16", "M": "i32",
        "N": "i32", "K": "i32", "sxm": "i32", "swn": "i32", "sym": "i32"}
@@ -35,39 +27,10 @@ ALIGNED = {"x_ptr", "w_ptr", "b_ptr", "y_ptr", "y32_ptr", "N", "K", "sxm", "swn"
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on an H100/H200
 
 
-def load(source: Path, knobs: dict, name: str):
-    from tik_evo.knobs import read_knobs, write_knobs
-
-    text = source.read_text()
-    path = Path(tempfile.mkdtemp()) / f"linear_report_{name}.py"
-    path.write_text(write_knobs(text, {**read_knobs(text), **knobs}))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def compile_one(fn, sig: dict, consts: dict, warps: int, stages: int) -> dict:
-    names = list(sig)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in ALIGNED}
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
-    with tempfile.TemporaryDirectory() as d:
-        ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
-        Path(ptx).write_text(k.asm["ptx"])
-        info = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
-                              capture_output=True, text=True).stderr
-        sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
-    num = lambda pat: int(m.group(1)) if (m := re.search(pat, info)) else None  # noqa: E731
-    return {"shared_bytes": k.metadata.shared, "registers": num(r"Used (\d+) registers"),
-            "spill_store_bytes": num(r"(\d+) bytes spill stores"), "HGMMA": sass.count("HGMMA"),
-            "HMMA": sass.count("HMMA"), "UTMALDG": sass.count("UTMALDG"), "LDG": len(re.findall(r"\bLDG", sass)),
-            "sass_sha": hashlib.sha256("\n".join(re.findall(r"/\*[0-9a-f]{4}\*/[^\n]*", sass)).encode()).hexdigest()[:12],
-            "ptxas_warnings": re.findall(r"\(C\d+\)[^\n]*", info)}
-
-
 def report(mod, path: str, m: int) -> dict:
     kn = mod.KNOBS
+    if path == "DECODE" and 0 < kn.get("DECODE_FULL_TILES_M", 0) <= m:
+        path = "FULL"
     bm, bn = kn[path + "_BLOCK_M"], kn[path + "_BLOCK_N"]
     warps, stages = kn[path + "_NUM_WARPS"], kn[path + "_NUM_STAGES"]
     unroll = kn["DECODE_K_UNROLL"] if path == "DECODE" else 1
@@ -81,7 +44,7 @@ def report(mod, path: str, m: int) -> dict:
     # The kernel's argument order, with the unit strides placed where the signature has them.
     names = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "y32_ptr", "M", "N", "K", "sxm", "sxk", "swn", "swk", "sym", "syn"]
     sig = {n: SIG.get(n, "constexpr") for n in names}
-    out = compile_one(mod._linear_kernel, sig, consts, warps, stages)
+    out = compile_sm90(mod._linear_kernel, sig, consts, warps, stages, ALIGNED)
     return {"BLOCK_M": bm, "BLOCK_N": bn, "UNROLL": unroll, "warps": warps, "stages": stages, **out, "fits_smem": out["shared_bytes"] <= SMEM_LIMIT}
 
 
@@ -95,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     variants = json.loads(args.variants.read_text()) if args.variants else {"cli": json.loads(args.knobs)}
     for name, knobs in variants.items():
-        mod = load(args.source, knobs, name)
+        mod = load_variant(args.source, knobs, f"linear_report_{name}")
         row = {"variant": name, **{f"decode.M{m}": report(mod, "DECODE", m) for m in args.m}}
         if args.full:
             row["full"] = report(mod, "FULL", 4096)

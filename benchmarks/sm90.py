@@ -1,0 +1,56 @@
+"""Offline Hopper (sm_90a) compilation for the compile reports: no GPU needed, Triton's bundled ptxas/cuobjdump.
+
+Arguments named in `aligned` get the 16-byte divisibility the Triton runtime specialises on at launch; without
+it pointer loads are not vectorised or pipelined and a report would describe a kernel that never runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def load_variant(source: Path, knobs: dict, name: str):
+    """The module `source` with its KNOBS updated by `knobs`, imported from a temporary copy."""
+    from tik_evo.knobs import read_knobs, write_knobs
+
+    text = source.read_text()
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(write_knobs(text, {**read_knobs(text), **knobs}))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: set[str]) -> dict:
+    """Compile `fn` (signature `sig`; `consts` become constexpr) and report what ptxas and the SASS show."""
+    full = {**sig, **{k: "constexpr" for k in consts if k not in sig}}
+    names = list(full)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
+    k = triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    with tempfile.TemporaryDirectory() as d:
+        ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        Path(ptx).write_text(k.asm["ptx"])
+        info = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
+                              capture_output=True, text=True).stderr
+        sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
+    num = lambda pat: int(m.group(1)) if (m := re.search(pat, info)) else None  # noqa: E731
+    code = "\n".join(re.findall(r"/\*[0-9a-f]{4}\*/[^\n]*", sass))
+    return {"shared_bytes": k.metadata.shared, "registers": num(r"Used (\d+) registers"),
+            "spill_store_bytes": num(r"(\d+) bytes spill stores"), "HGMMA": sass.count("HGMMA"),
+            "HMMA": sass.count("HMMA"), "UTMALDG": sass.count("UTMALDG"), "LDG": len(re.findall(r"\bLDG", sass)),
+            "sass_sha": hashlib.sha256(code.encode()).hexdigest()[:12],
+            "ptxas_warnings": re.findall(r"\(C\d+\)[^\n]*", info)}
