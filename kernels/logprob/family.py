@@ -44,6 +44,10 @@ class LogprobFamily(Family):
         Knob("DECODE_NUM_STAGES", (1, 2, 3, 4), "decode", "software pipelining depth of decode"),
         Knob("DECODE_SPLIT_PARALLEL", (False, True), "decode",
              "compute vocabulary splits in parallel programs plus a fold launch in decode"),
+        Knob("FULL_PREFETCH", (False, True), "full",
+             "issue the next chunk's load before the current chunk's reductions (two chunks in flight; exp2 form)"),
+        Knob("DECODE_PREFETCH", (False, True), "decode",
+             "issue the next chunk's load before the current chunk's reductions (two chunks in flight; exp2 form)"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -58,7 +62,7 @@ class LogprobFamily(Family):
             OpportunitySpec("chunk_prefetch", "The full path reached 62% of copy bandwidth (H200): each program "
                             "loads a chunk and waits on it before reducing. Issue the next chunk's load before "
                             "reducing the current one (register double-buffering); numerics unchanged",
-                            paths=("full", "decode")),
+                            paths=("full", "decode"), knobs=("FULL_PREFETCH", "DECODE_PREFETCH")),
             OpportunitySpec("inner_loop_ops", "The chunk loop was ~13 instructions per element with tl.exp (range "
                             "check + two predicated multiplies around MUFU.EX2, a rescale multiply per lane sum, a "
                             "mask select); SOFTMAX_FORM exp2 is ~6. Further: fewer cross-warp max reductions per row "

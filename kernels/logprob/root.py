@@ -28,6 +28,8 @@ KNOBS = {
     "FULL_SPLIT_PARALLEL": False,
     "DECODE_NUM_STAGES": 1,
     "DECODE_SPLIT_PARALLEL": True,
+    "FULL_PREFETCH": False,
+    "DECODE_PREFETCH": False,
 }
 
 
@@ -42,15 +44,27 @@ def _scaled(x, temperature, APPLY_TEMP: tl.constexpr):
 
 @triton.jit
 def _split_stats(row_ptr, v_lo, v_hi, temperature, CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr,
-                 FORM: tl.constexpr):
+                 FORM: tl.constexpr, PREFETCH: tl.constexpr = False):
     if FORM == "exp2":
         # Full chunks unmasked, then one masked tail; the same per-lane operations in both.
         m = tl.full([], float("-inf"), tl.float32)
         s = tl.zeros([CHUNK], dtype=tl.float32)
         t = tl.zeros([CHUNK], dtype=tl.float32)
         v_full = v_lo + (v_hi - v_lo) // CHUNK * CHUNK
-        for off in range(v_lo, v_full, CHUNK):
-            m, s, t = _chunk_exp2(row_ptr, off, v_hi, m, s, t, temperature, CHUNK, APPLY_TEMP, False)
+        if PREFETCH:
+            # Schedule only: chunk i+1's load is issued before chunk i's reductions, so two chunks are in
+            # flight per program; every chunk still goes through the same _step_exp2 in ascending order.
+            if v_full > v_lo:
+                cols = tl.arange(0, CHUNK)
+                raw = tl.load(row_ptr + v_lo + cols)
+                for off in range(v_lo + CHUNK, v_full, CHUNK):
+                    nxt = tl.load(row_ptr + off + cols)
+                    m, s, t = _step_exp2(raw, cols < CHUNK, m, s, t, temperature, APPLY_TEMP, False)
+                    raw = nxt
+                m, s, t = _step_exp2(raw, cols < CHUNK, m, s, t, temperature, APPLY_TEMP, False)
+        else:
+            for off in range(v_lo, v_full, CHUNK):
+                m, s, t = _chunk_exp2(row_ptr, off, v_hi, m, s, t, temperature, CHUNK, APPLY_TEMP, False)
         if v_full < v_hi:
             m, s, t = _chunk_exp2(row_ptr, v_full, v_hi, m, s, t, temperature, CHUNK, APPLY_TEMP, True)
         return m, tl.sum(s, 0), tl.sum(t, 0)
@@ -78,13 +92,20 @@ def _chunk_exp2(row_ptr, off, v_hi, m, s, t, temperature, CHUNK: tl.constexpr, A
     """One online-softmax step in base 2: p = exp2(z * log2(e) - m * log2(e)) (one FFMA and one MUFU.EX2 per
     element; probabilities below 2^-126 flush to 0), s += p, t = fma(p, z, t). The per-lane sums are rescaled
     only when the chunk raises the running max (a uniform branch), not on every chunk."""
-    LOG2E: tl.constexpr = 1.4426950408889634
     cols = off + tl.arange(0, CHUNK)
+    mask = cols < v_hi
     if MASKED:
-        mask = cols < v_hi
-        z = _scaled(tl.load(row_ptr + cols, mask=mask, other=float("-inf")), temperature, APPLY_TEMP)
+        raw = tl.load(row_ptr + cols, mask=mask, other=float("-inf"))
     else:
-        z = _scaled(tl.load(row_ptr + cols), temperature, APPLY_TEMP)
+        raw = tl.load(row_ptr + cols)
+    return _step_exp2(raw, mask, m, s, t, temperature, APPLY_TEMP, MASKED)
+
+
+@triton.jit
+def _step_exp2(raw, mask, m, s, t, temperature, APPLY_TEMP: tl.constexpr, MASKED: tl.constexpr):
+    """The arithmetic of one chunk (see _chunk_exp2), on logits already loaded (masked lanes hold -inf)."""
+    LOG2E: tl.constexpr = 1.4426950408889634
+    z = _scaled(raw, temperature, APPLY_TEMP)
     m_new = tl.maximum(m, tl.max(z, 0))
     if m_new > m:
         alpha = tl.math.exp2(m * LOG2E - m_new * LOG2E)  # 0 on the first chunk (m = -inf)
@@ -132,26 +153,28 @@ def _write_row(row_ptr, tgt_ptr, row, m, s, t, temperature, lp_ptr, ent_ptr, lse
 @triton.jit
 def _logprob_rows_kernel(x_ptr, tgt_ptr, lp_ptr, ent_ptr, lse_ptr, V, stride, split, temperature,
                          CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr, WRITE_LSE: tl.constexpr,
-                         FORM: tl.constexpr):
+                         FORM: tl.constexpr, PREFETCH: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     row_ptr = x_ptr + row * stride
     m = tl.full([], float("-inf"), tl.float32)
     s = tl.zeros([], dtype=tl.float32)
     t = tl.zeros([], dtype=tl.float32)
     for v_lo in range(0, V, split):
-        m2, s2, t2 = _split_stats(row_ptr, v_lo, tl.minimum(v_lo + split, V), temperature, CHUNK, APPLY_TEMP, FORM)
+        m2, s2, t2 = _split_stats(row_ptr, v_lo, tl.minimum(v_lo + split, V), temperature, CHUNK, APPLY_TEMP, FORM,
+                                  PREFETCH)
         m, s, t = _fold(m, s, t, m2, s2, t2)
     _write_row(row_ptr, tgt_ptr, row, m, s, t, temperature, lp_ptr, ent_ptr, lse_ptr, APPLY_TEMP, WRITE_LSE)
 
 
 @triton.jit
 def _logprob_split_kernel(x_ptr, ws_ptr, V, stride, split, n_splits, temperature,
-                          CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr, FORM: tl.constexpr):
+                          CHUNK: tl.constexpr, APPLY_TEMP: tl.constexpr, FORM: tl.constexpr,
+                          PREFETCH: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     v_lo = j * split
     m, s, t = _split_stats(x_ptr + row * stride, v_lo, tl.minimum(v_lo + split, V), temperature,
-                           CHUNK, APPLY_TEMP, FORM)
+                           CHUNK, APPLY_TEMP, FORM, PREFETCH)
     base = ws_ptr + (row * n_splits + j) * 3
     tl.store(base, m)
     tl.store(base + 1, s)
@@ -197,22 +220,23 @@ def _launch(logits, target, temperature, logprob, entropy, lse, path):
     n_splits = triton.cdiv(V, split)
     apply_temp = float(temperature) != 1.0
     write_lse = lse is not None
-    stages = KNOBS[path + "_NUM_STAGES"]
+    stages, prefetch = KNOBS[path + "_NUM_STAGES"], KNOBS[path + "_PREFETCH"]
     if T == 0:
         return
     if n_splits > 1 and KNOBS[path + "_SPLIT_PARALLEL"]:
         ws = torch.empty((T, n_splits, 3), dtype=torch.float32, device=logits.device)
         _logprob_split_kernel[(T, n_splits)](
             logits, ws, V, logits.stride(0), split, n_splits, temperature,
-            CHUNK=chunk, APPLY_TEMP=apply_temp, FORM=KNOBS["SOFTMAX_FORM"], num_warps=warps, num_stages=stages)
+            CHUNK=chunk, APPLY_TEMP=apply_temp, FORM=KNOBS["SOFTMAX_FORM"], PREFETCH=prefetch, num_warps=warps,
+            num_stages=stages)
         _logprob_merge_kernel[(T,)](
             logits, target, ws, logprob, entropy, lse if write_lse else logprob, logits.stride(0), n_splits,
             temperature, APPLY_TEMP=apply_temp, WRITE_LSE=write_lse, num_warps=1)
         return
     _logprob_rows_kernel[(T,)](
         logits, target, logprob, entropy, lse if write_lse else logprob, V, logits.stride(0), split, temperature,
-        CHUNK=chunk, APPLY_TEMP=apply_temp, WRITE_LSE=write_lse, FORM=KNOBS["SOFTMAX_FORM"], num_warps=warps,
-        num_stages=stages)
+        CHUNK=chunk, APPLY_TEMP=apply_temp, WRITE_LSE=write_lse, FORM=KNOBS["SOFTMAX_FORM"], PREFETCH=prefetch,
+        num_warps=warps, num_stages=stages)
 
 
 def logprob_full(logits: torch.Tensor, target: torch.Tensor, temperature: float, logprob: torch.Tensor,

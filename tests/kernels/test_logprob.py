@@ -23,6 +23,10 @@ def test_root_passes_all_cases():
     {"SOFTMAX_FORM": "exp"},  # the previous formula
     {"SOFTMAX_FORM": "exp", "VOCAB_SPLIT": 8192, "VOCAB_CHUNK": 1024},
     {"SOFTMAX_FORM": "exp2", "VOCAB_SPLIT": 0, "VOCAB_CHUNK": 512},  # many full chunks, rescales, one tail
+    # Prefetch in one path only (a schedule knob): full and decode must still agree; with splits of one chunk
+    # the prefetch loop has no iterations, and vocabularies below a chunk have no full chunk at all.
+    {"VOCAB_SPLIT": 0, "VOCAB_CHUNK": 512, "FULL_PREFETCH": True},
+    {"VOCAB_SPLIT": 1024, "VOCAB_CHUNK": 1024, "DECODE_PREFETCH": True, "DECODE_SPLIT_PARALLEL": False},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
