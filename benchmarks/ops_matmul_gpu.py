@@ -495,13 +495,11 @@ def routing_consistency(knobs: dict, label: str | None = None):
     return bad == 0
 
 
-# Root = logit keys on a grouped tile (16 tokens, 1 warp: 2 threads per row). The previous root (max + argmin
-# rounds on the flat 4-token tile) and the packed-probability keys (identical outputs) are kept to compare.
-ROUTING_SWEEP = [{}, {"SELECT": "rounds", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1},
-                 {"SELECT": "packed_prob", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1},
-                 {"SELECT": "logit_key", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1},
-                 {"BLOCK_T": 32, "NUM_WARPS": 1}, {"BLOCK_T": 8, "NUM_WARPS": 1}, {"BLOCK_T": 64, "NUM_WARPS": 4},
-                 {"BLOCK_T": 32, "NUM_WARPS": 4}]
+# Root = logit keys on a grouped tile (8 tokens, 1 warp). RENORM_FROM "logits" skips the whole-row exp and sum
+# (the renormalisation divides it out); the previous rounds root and nearby tiles are kept to compare.
+ROUTING_SWEEP = [{}, {"RENORM_FROM": "logits"}, {"RENORM_FROM": "logits", "BLOCK_T": 16},
+                 {"RENORM_FROM": "logits", "BLOCK_T": 32}, {"RENORM_FROM": "logits", "BLOCK_T": 4},
+                 {"SELECT": "rounds", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1}]
 
 
 @guard("moe_routing")

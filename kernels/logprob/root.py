@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 KNOBS = {
-    "VOCAB_CHUNK": 4096,
+    "VOCAB_CHUNK": 2048,
     "NUM_WARPS": 4,
     "VOCAB_SPLIT": 16384,
     "SOFTMAX_FORM": "exp2",
@@ -28,8 +28,8 @@ KNOBS = {
     "FULL_SPLIT_PARALLEL": False,
     "DECODE_NUM_STAGES": 1,
     "DECODE_SPLIT_PARALLEL": True,
-    "FULL_PREFETCH": False,
-    "DECODE_PREFETCH": False,
+    "FULL_PREFETCH": True,
+    "DECODE_PREFETCH": True,
 }
 
 

@@ -46,6 +46,9 @@ class MoERoutingFamily(Family):
         Knob("EXPERT_GROUP", (0, 8), "contract",
              "0: flat [BLOCK_T, experts] tile (16 threads per row); 8: [BLOCK_T, experts/8, 8] tile, whole rows "
              "in 32*NUM_WARPS/BLOCK_T threads, few or no shuffles per round; changes the row-sum order (joint)"),
+        Knob("RENORM_FROM", ("probs", "logits"), "contract",
+             "renormalised weights from the k probabilities, or (logit_key) from exp(x - m) of the k chosen "
+             "experts alone, skipping the whole-row exp and sum"),
         Knob("SELECT", ("rounds", "packed_prob", "logit_key"), "contract",
              "top-k method: max+argmin rounds on fp32 probabilities; one min per round on packed (prob bits, "
              "inverted expert) int64 keys (identical outputs); one min per round on int32 (bf16 logit, inverted "
@@ -68,6 +71,9 @@ class MoERoutingFamily(Family):
                             "(value bits, inverted expert) need one min per round (`prev - 1 - key` as unsigned, "
                             "fused to one VIADDMNMX per element on Hopper); keys from the bf16 logits also skip "
                             "the per-element division (joint)", knobs=("SELECT",)),
+            OpportunitySpec("skip_row_sum", "With renormalisation the softmax row sum cancels: renormalise "
+                            "exp(x - m) of the k chosen experts and skip the per-element exp and sum (joint)",
+                            knobs=("RENORM_FROM",)),
             OpportunitySpec("cheaper_exp", "tl.exp lowers to 6 instructions per element on sm_90 (range check, "
                             "two predicated multiplies around MUFU.EX2); an ex2.approx.ftz on a pre-scaled input "
                             "is 1-2 (joint: flushes probabilities below 2^-126, changes the row sum)"),

@@ -21,6 +21,9 @@ Selection (SELECT):
   order, like the fp64 reference, where "rounds" ties them to the lower expert). Only the k chosen
   probabilities are computed, with the same operations (exp(x - m) / s) as the other methods, and the row max
   comes from the first round. Each round is one subtraction and one unsigned min per element.
+RENORM_FROM (with renormalisation and "logit_key" only): "probs" renormalises the k probabilities exp(x - m) / s;
+"logits" renormalises exp(x - m) of the k chosen experts directly, the same value without the row sum s, so
+the whole-row exp and sum are skipped (a different rounding: a contract choice).
 EXPERT_GROUP > 0 loads the tile as [BLOCK_T, BLOCK_E / G, G] (G experts = one 16-byte vector per thread), so
 Triton lays whole rows into few threads (32 * NUM_WARPS / BLOCK_T of them when BLOCK_T <= 32 * NUM_WARPS)
 and the per-round reductions need few or no shuffles; 0 keeps the flat [BLOCK_T, BLOCK_E] tile (16 threads per
@@ -36,6 +39,7 @@ KNOBS = {
     "NUM_WARPS": 1,
     "EXPERT_GROUP": 8,
     "SELECT": "logit_key",
+    "RENORM_FROM": "probs",
     "FULL_TILES_PER_PROGRAM": 1,
     "FULL_NUM_STAGES": 1,
     "DECODE_TILES_PER_PROGRAM": 1,
@@ -111,7 +115,7 @@ def _key_logit(key, BLOCK_E: tl.constexpr):
 @triton.jit
 def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr):
+                GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr, FROM_LOGITS: tl.constexpr):
     rows = tile.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     rmask = rows < T
     if GROUP > 0:
@@ -131,8 +135,9 @@ def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr,
         top_keys = tl.where(kcols[None, :] == 0, key[:, None], 0)
         m, _ = _key_logit(key, BLOCK_E)  # the row max (+0 for a -0 max: x - m is the same)
         m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: keep them finite, they are never stored
-        e = tl.exp(x - _bc(m, GROUP))
-        s = tl.where(rmask, _row_sum(e, GROUP), 1.0)
+        if not (RENORM and FROM_LOGITS):
+            e = tl.exp(x - _bc(m, GROUP))
+            s = tl.where(rmask, _row_sum(e, GROUP), 1.0)
         for k in tl.static_range(1, TOP_K):
             key = _next_key(keys, key, GROUP)
             top_keys = tl.where(kcols[None, :] == k, key[:, None], top_keys)
@@ -145,7 +150,11 @@ def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr,
             tl.debug_barrier()
             top_keys = tl.load(id_ptr + soffs, mask=smask, other=0)
         top_x, top_i = _key_logit(top_keys, BLOCK_E)
-        top_w = tl.exp(top_x - m[:, None]) / s[:, None]  # the operations of p = e / s in the other methods
+        if RENORM and FROM_LOGITS:
+            # exp(x - m) of the chosen experts only: the renormalisation below divides the row sum out anyway.
+            top_w = tl.exp(top_x - m[:, None])
+        else:
+            top_w = tl.exp(top_x - m[:, None]) / s[:, None]  # the operations of p = e / s in the other methods
         for k in tl.static_range(TOP_K):
             total = total + tl.sum(tl.where(kcols[None, :] == k, top_w, 0.0), 1)  # slot order (adds exact 0s)
     else:
@@ -187,12 +196,12 @@ def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr,
 @triton.jit
 def _route_kernel(x_ptr, w_ptr, w32_ptr, id_ptr, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                  GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr,
+                  GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr, FROM_LOGITS: tl.constexpr,
                   TILES_PER_PROGRAM: tl.constexpr):
     for i in range(TILES_PER_PROGRAM):
         tile = tl.program_id(0) * TILES_PER_PROGRAM + i
         _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM, WRITE32, BLOCK_T, BLOCK_E, TOP_K, K_PAD,
-                    GROUP, SELECT, STAGE_KEYS)
+                    GROUP, SELECT, STAGE_KEYS, FROM_LOGITS)
 
 
 def _contract(E: int) -> dict:
@@ -203,7 +212,8 @@ def _contract(E: int) -> dict:
     # 32 * NUM_WARPS / BLOCK_T. Staging the chosen keys pays off when that is more than 2.
     lanes = min(16, block_e // 8) if group == 0 else max(1, 32 * KNOBS["NUM_WARPS"] // KNOBS["BLOCK_T"])
     return {"BLOCK_T": KNOBS["BLOCK_T"], "BLOCK_E": block_e, "GROUP": group, "SELECT": KNOBS["SELECT"],
-            "STAGE_KEYS": KNOBS["SELECT"] == "logit_key" and lanes > 2}
+            "STAGE_KEYS": KNOBS["SELECT"] == "logit_key" and lanes > 2,
+            "FROM_LOGITS": KNOBS["SELECT"] == "logit_key" and KNOBS["RENORM_FROM"] == "logits"}
 
 
 def _launch(logits, weights, ids, weights32, renormalize, path):

@@ -29,6 +29,7 @@ def test_root_passes_all_cases():
     {"BLOCK_T": 32, "NUM_WARPS": 1, "FULL_NUM_STAGES": 2},  # one thread per row
     {"SELECT": "packed_prob", "BLOCK_T": 16, "NUM_WARPS": 4},
     {"SELECT": "rounds", "BLOCK_T": 8, "NUM_WARPS": 2},
+    {"RENORM_FROM": "logits"},  # no row sum: renormalised exp(x - m) of the chosen experts
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
