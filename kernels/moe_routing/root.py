@@ -35,11 +35,11 @@ import triton
 import triton.language as tl
 
 KNOBS = {
-    "BLOCK_T": 8,
+    "BLOCK_T": 4,
     "NUM_WARPS": 1,
     "EXPERT_GROUP": 8,
     "SELECT": "logit_key",
-    "RENORM_FROM": "probs",
+    "RENORM_FROM": "logits",
     "FULL_TILES_PER_PROGRAM": 1,
     "FULL_NUM_STAGES": 1,
     "DECODE_TILES_PER_PROGRAM": 1,

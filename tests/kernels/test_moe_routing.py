@@ -61,18 +61,19 @@ def _route(impl, x, top_k, renorm=True, decode=False):
                                   {"EXPERT_GROUP": 8, "BLOCK_T": 16, "NUM_WARPS": 1}])
 @pytest.mark.parametrize("experts,top_k,renorm", [(128, 8, True), (60, 6, False)])
 def test_select_methods_identical_on_ties(tile, experts, top_k, renorm):
-    # One tile (so one row-sum order): every selection method gives the same bits, ids equal a stable fp64
-    # top-k, and decode rows equal full rows.
+    # One tile (so one row-sum order): every selection method gives the same bits (weights renormalised from the
+    # probabilities, the one form all methods share), ids equal a stable fp64 top-k, and decode rows equal full rows.
     x = _tie_logits(45, experts)
     ref_ids = reference(x, top_k, renorm)[1]
-    outs = {sel: _route(load(f"sel_{sel}", SELECT=sel, **tile), x, top_k, renorm)
+    outs = {sel: _route(load(f"sel_{sel}", SELECT=sel, RENORM_FROM="probs", **tile), x, top_k, renorm)
             for sel in ("rounds", "packed_prob", "logit_key")}
     for sel, out in outs.items():
         assert torch.equal(out[2], ref_ids), sel
         for a, b in zip(out, outs["rounds"]):
             assert torch.equal(a, b), sel
     rows = torch.tensor([0, 1, 2, 3, 4, 5, 6, 17, 44])
-    dec = _route(load("sel_logit_key", SELECT="logit_key", **tile), x[rows].contiguous(), top_k, renorm, True)
+    dec = _route(load("sel_logit_key", SELECT="logit_key", RENORM_FROM="probs", **tile), x[rows].contiguous(), top_k,
+                 renorm, True)
     for a, b in zip(dec, outs["logit_key"]):
         assert torch.equal(a, b[rows])
 
