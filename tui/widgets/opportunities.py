@@ -76,7 +76,8 @@ class OpportunityPane(Vertical):
         t = Text(f"{o.id} ", style="bold")
         t.append(o.mechanism)
         t.append(f"\npaths {'+'.join(o.paths) or '—'}  knobs {', '.join(o.knobs) or '—'}  "
-                 f"workloads {', '.join(o.workloads) or 'all'}  repeatable {o.repeatable}", style="dim")
+                 f"workloads {', '.join(o.workloads) or 'all'}  repeatable {o.repeatable}"
+                 + (f"  tries {', '.join(f'{k}={v!r}' for k, v in o.values.items())}" if o.values else ""), style="dim")
         t.append(f"\nevidence {', '.join(o.evidence) or '—'}  origin {o.origin}"
                  + (f"  → Enter opens {table.links[o.id]}" if o.id in table.links else ""), style="dim")
         self.query_one("#opp-detail", Static).update(t)
