@@ -89,3 +89,22 @@ def test_bench_runs_and_verifies():
         b = FAM.make_bench(R.load_with_knobs(FAM), w, 0, "cpu")
         b.run()
         assert all(c.passed for c in b.verify())
+
+
+def test_auto_head_split_follows_the_sm_count(monkeypatch):
+    # DECODE_HEAD_SPLIT 0 picks 4, 2 or 1 programs per token from the SM count (1 on the CPU, so force a GPU's
+    # 132): decode batches of 1..33 tokens then run split launches, and must still match the full path.
+    mod = R.load_with_knobs(FAM)
+    assert mod.KNOBS["DECODE_HEAD_SPLIT"] == 0
+    seen = []
+    real = mod._rope_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            seen.append(grid[1])
+            return real[grid]
+
+    monkeypatch.setattr(mod, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(mod, "_rope_kernel", Spy())
+    assert R.failures(FAM, mod) == []
+    assert 4 in seen and 1 in seen, seen  # small decode batches split 4 ways; the full path (knob 1) does not
