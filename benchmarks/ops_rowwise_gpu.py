@@ -442,7 +442,7 @@ def print_table(result: dict) -> None:
             print(f"{fam:<12}{w['workload']:<28}{w['root_us']:9.1f}{100 * w['root_GBps'] / cp:6.0f}"
                   f"{f('torch_us')}{f('compile_us')}{f('liger_us')}{xe:8.2f}{xl:8.2f} "
                   f"{'Y' if w.get('verify_passed') else 'N'}")
-        print(f"{'':<12}bitwise/reference checks on GPU: {cons['checks'] - len(cons['failed'])}/{cons['checks']} "
+        print(f"{'':<12}bitwise/reference checks on {DEVICE}: {cons['checks'] - len(cons['failed'])}/{cons['checks']} "
               f"passed ({r['consistency_s']} s)")
 
 
