@@ -380,13 +380,11 @@ def logprob_consistency(knobs: dict, label: str | None = None):
     return bad == 0
 
 
-# Root SOFTMAX_FORM = exp2, chunk 4096, 4 warps: ~188 registers, 2 programs per SM, 16 KB of logits in flight per
-# SM (70% of copy bandwidth). The prefetch knobs keep two chunks in flight; narrower chunks or more warps cut
-# registers so more programs fit (compile report: 2048 x 8 warps and 1024 x 4 warps with prefetch, ~40 KB).
-_PF = {"FULL_PREFETCH": True, "DECODE_PREFETCH": True}
-LOGPROB_SWEEP = [{}, _PF, {"VOCAB_CHUNK": 2048, **_PF}, {"VOCAB_CHUNK": 2048, "NUM_WARPS": 8, **_PF},
-                 {"VOCAB_CHUNK": 1024, "NUM_WARPS": 4, **_PF}, {"VOCAB_CHUNK": 4096, "NUM_WARPS": 8, **_PF},
-                 {"SOFTMAX_FORM": "exp"}]
+# Root: exp2 form, 2048-wide chunks, prefetch (82.5% of copy bandwidth at 16K tokens, 2026-12-02). The previous
+# root (4096-wide, no prefetch: ~188 registers, 2 programs and 16 KB of logits in flight per SM), other widths and
+# warps, and the exp form, to compare.
+LOGPROB_SWEEP = [{}, {"VOCAB_CHUNK": 4096, "FULL_PREFETCH": False, "DECODE_PREFETCH": False},
+                 {"VOCAB_CHUNK": 1024}, {"NUM_WARPS": 8}, {"SOFTMAX_FORM": "exp"}]
 
 
 def _logprob_sets(t_rows, V):
@@ -495,11 +493,10 @@ def routing_consistency(knobs: dict, label: str | None = None):
     return bad == 0
 
 
-# Root = logit keys on a grouped tile (8 tokens, 1 warp). RENORM_FROM "logits" skips the whole-row exp and sum
-# (the renormalisation divides it out); the previous rounds root and nearby tiles are kept to compare.
-ROUTING_SWEEP = [{}, {"RENORM_FROM": "logits"}, {"RENORM_FROM": "logits", "BLOCK_T": 16},
-                 {"RENORM_FROM": "logits", "BLOCK_T": 32}, {"RENORM_FROM": "logits", "BLOCK_T": 4},
-                 {"SELECT": "rounds", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1}]
+# Root: logit keys on a grouped tile, 4 tokens per warp, weights renormalised from the logits (no whole-row exp
+# and sum). The probability form, wider tiles and the first root (max + argmin rounds, flat tile) to compare.
+ROUTING_SWEEP = [{}, {"RENORM_FROM": "probs"}, {"BLOCK_T": 8}, {"BLOCK_T": 16},
+                 {"SELECT": "rounds", "EXPERT_GROUP": 0, "RENORM_FROM": "probs"}]
 
 
 @guard("moe_routing")
