@@ -93,9 +93,13 @@ class LinearFamily(Family):
                             "(dots still applied one by one in ascending k), within shared memory; GEMV-like "
                             "launches (M <= 16) may take narrower tiles than M = 64..256, where every extra "
                             "column tile re-reads x", paths=("decode",),
-                            knobs=("DECODE_BLOCK_N", "DECODE_K_UNROLL", "DECODE_NUM_STAGES", "DECODE_SMALL_M",
-                                   "DECODE_SMALL_BLOCK_N", "DECODE_SMALL_K_UNROLL", "DECODE_SMALL_NUM_WARPS",
-                                   "DECODE_SMALL_NUM_STAGES", "DECODE_FULL_TILES_M")),
+                            knobs=("DECODE_BLOCK_N", "DECODE_K_UNROLL", "DECODE_NUM_STAGES", "DECODE_FULL_TILES_M")),
+            # Its own opportunity: the knob operator turns every knob of one at once, and these five only act
+            # together (the small schedule exists only when DECODE_SMALL_M > 0).
+            OpportunitySpec("small_decode_schedule", "GEMV-like decode launches (M <= DECODE_SMALL_M) with their "
+                            "own narrow tiles, K unrolling, warps and pipelining", paths=("decode",),
+                            knobs=("DECODE_SMALL_M", "DECODE_SMALL_BLOCK_N", "DECODE_SMALL_K_UNROLL",
+                                   "DECODE_SMALL_NUM_WARPS", "DECODE_SMALL_NUM_STAGES")),
         ]
 
     def check_cases(self, level: str) -> list[dict[str, Any]]:
