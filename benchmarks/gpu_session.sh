@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_grid | attention_full | campaign_attention |
-# model | rowwise_sweep | ops FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES), each under its own
+# model | rowwise_sweep | ops FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | campaign FILE), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -10,6 +10,25 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   .whl/mako*.whl .whl/greenlet*.whl .whl/liger_kernel*.whl >/dev/null 2>&1 || echo "wheel install failed"
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
+# A knob search with fork-server audits (spawn if that run ends within two minutes, e.g. the root audit
+# failed), then its status, lineage, export and summary under $OUT.
+campaign() {
+  local name run t0 rc ex
+  name=$(basename "$1" .yaml)
+  for ex in forkserver spawn; do
+    run=/tmp/runs/${name}_$ex; t0=$(date +%s)
+    timeout $(( ${CAMPAIGN_WALL_S:-330} + 90 )) python3 -m tik_evo.cli run "$1" ${CAMPAIGN_ONLY:-} \
+      search.max_evaluations=${CAMPAIGN_EVALS:-16} search.seed=${CAMPAIGN_SEED:-0} \
+      search.wall_time_s=${CAMPAIGN_WALL_S:-330} evaluate.retime_best=false evaluate.executor=$ex store.path=$run 2>&1 | tail -8
+    rc=$?; echo "executor $ex: rc $rc after $(( $(date +%s) - t0 )) s"
+    python3 -m tik_evo.cli status $run | tail -20
+    python3 -m tik_evo.cli lineage $run > "$OUT/${name}_lineage.txt" 2>&1
+    python3 -m tik_evo.cli export $run -o "$OUT/${name}_export.jsonl" && gzip -f "$OUT/${name}_export.jsonl"
+    python3 benchmarks/campaign_summary.py $run "$OUT/${name}.json" 2>&1 | tail -3
+    [ $(( $(date +%s) - t0 )) -gt 120 ] && break
+  done
+}
+
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
@@ -26,26 +45,18 @@ while [ $# -gt 0 ]; do
     rowwise_sweep)
       timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep --out "$OUT" 2>&1 | tail -30 ;;
     linear_variants) v=$1; shift  # linear decode variants vs cuBLAS, each bit-checked against the full path
-      timeout 230 python3 benchmarks/ops_matmul_gpu.py --linear-variants "$v" --budget-s 170 \
+      timeout 230 python3 benchmarks/ops_matmul_gpu.py --linear-variants "$v" --budget-s 170 --linear-full-ms 4096 16384 \
         --out "$OUT/linear_$(basename "$v" .json).json" 2>&1 | tail -45 ;;
     matmul) f=$1; shift  # the matmul suite for some of linear,logprob,moe_routing, without torch.compile
       timeout 300 python3 benchmarks/ops_matmul_gpu.py --families "$f" --compile-logprob --compile-routing \
         --budget-s 200 --out "$OUT/matmul_$(echo "$f" | tr , _).json" 2>&1 | tail -45 ;;
     ops) f=$1; shift
       timeout 300 python3 benchmarks/ops_gpu.py --families "$f" --out "$OUT" 2>&1 | tail -40 ;;
-    campaign_attention)  # the knob search on six grid cells, fork-server audits (spawn if the root audit fails)
-      only='workloads.only=[prefill.B1.S4K,prefill.B1.S16K,train_forward.B4.S4K+128,decode.B1.ctx1K,decode.B1.ctx8K,decode.B16.ctx8K]'
-      for ex in forkserver spawn; do
-        run=/tmp/runs/attention_$ex; t0=$(date +%s)
-        timeout $(( ${CAMPAIGN_WALL_S:-330} + 90 )) python3 -m tik_evo.cli run campaigns/h200_attention.yaml "$only" search.max_evaluations=${CAMPAIGN_EVALS:-16} search.seed=${CAMPAIGN_SEED:-0} \
-          search.wall_time_s=${CAMPAIGN_WALL_S:-330} evaluate.retime_best=false evaluate.executor=$ex store.path=$run 2>&1 | tail -8
-        rc=$?; echo "executor $ex: rc $rc after $(( $(date +%s) - t0 )) s"
-        python3 -m tik_evo.cli status $run | tail -20
-        python3 -m tik_evo.cli lineage $run > "$OUT/campaign_lineage.txt" 2>&1
-        python3 -m tik_evo.cli export $run -o "$OUT/campaign_export.jsonl" && gzip -f "$OUT/campaign_export.jsonl"
-        python3 benchmarks/campaign_summary.py $run "$OUT/campaign.json" 2>&1 | tail -3
-        [ $(( $(date +%s) - t0 )) -gt 120 ] && break
-      done ;;
+    campaign_attention)  # the knob search on six grid cells (see campaign below)
+      CAMPAIGN_ONLY='workloads.only=[prefill.B1.S4K,prefill.B1.S16K,train_forward.B4.S4K+128,decode.B1.ctx1K,decode.B1.ctx8K,decode.B16.ctx8K]' \
+        campaign campaigns/h200_attention.yaml ;;
+    campaign) c=$1; shift  # any campaign file; CAMPAIGN_ONLY / _EVALS / _WALL_S / _SEED override its settings
+      campaign "$c" ;;
     *) echo "unknown step $step" ;;
   esac
 done

@@ -15,37 +15,35 @@ import json
 import sys
 from pathlib import Path
 
-import triton
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
 
-SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*bf16", "M": "i32",
+SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*bf16", "M": "i32",
        "N": "i32", "K": "i32", "sxm": "i32", "swn": "i32", "sym": "i32"}
-ALIGNED = {"x_ptr", "w_ptr", "b_ptr", "y_ptr", "y32_ptr", "N", "K", "sxm", "swn", "sym"}
+ALIGNED = {"x_ptr", "w_ptr", "ws_ptr", "b_ptr", "y_ptr", "y32_ptr", "N", "K", "sxm", "swn", "sym"}
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on an H100/H200
 
 
-def report(mod, path: str, m: int) -> dict:
-    kn = mod.KNOBS
-    if path == "DECODE" and 0 < kn.get("DECODE_FULL_TILES_M", 0) <= m:
-        path = "FULL"
-    bm, bn = kn[path + "_BLOCK_M"], kn[path + "_BLOCK_N"]
-    warps, stages = kn[path + "_NUM_WARPS"], kn[path + "_NUM_STAGES"]
-    unroll = kn["DECODE_K_UNROLL"] if path == "DECODE" else 1
-    if path == "DECODE" and m <= kn["DECODE_SMALL_M"]:  # as root._launch picks them
-        bm, bn = max(16, triton.next_power_of_2(m)), kn["DECODE_SMALL_BLOCK_N"]
-        unroll, warps, stages = kn["DECODE_SMALL_K_UNROLL"], kn["DECODE_SMALL_NUM_WARPS"], kn["DECODE_SMALL_NUM_STAGES"]
-    consts = {"sxk": 1, "swk": 1, "syn": 1, "K_CHUNK": kn["K_CHUNK"], "N_CHUNKS": 1, "HAS_BIAS": False,
-              "WRITE32": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": kn["BLOCK_K"],
-              "GROUP_M": kn[path + "_GROUP_M"], "EVEN_K": True, "USE_TMA": kn[path + "_USE_TMA"],
-              "UNROLL": unroll}
+def report(mod, path: str, m: int, k: int = 4096, n: int = 4096) -> dict:
+    sch = mod._schedule(m, n, k, path)  # the launch's schedule, as the root picks it
+    consts = {"sxk": 1, "swk": 1, "syn": 1, "K_CHUNK": sch["k_chunk"], "N_CHUNKS": sch["n_chunks"],
+              "FLAT_CHUNKS": sch["flat"], "HAS_BIAS": False, "WRITE32": False, "BLOCK_M": sch["bm"],
+              "BLOCK_N": sch["bn"], "BLOCK_K": mod.KNOBS["BLOCK_K"], "GROUP_M": sch["group_m"], "EVEN_K": True,
+              "USE_TMA": mod.KNOBS[path + "_USE_TMA"], "UNROLL": sch["unroll"]}
     # The kernel's argument order, with the unit strides placed where the signature has them.
     names = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "y32_ptr", "M", "N", "K", "sxm", "sxk", "swn", "swk", "sym", "syn"]
+    kernel = mod._linear_kernel
+    if sch["parallel"]:  # one K chunk per program (the merge launch is a plain elementwise kernel)
+        kernel, names = mod._linear_chunk_kernel, ["x_ptr", "w_ptr", "ws_ptr", "M", "N", "K", "sxm", "sxk", "swn",
+                                                   "swk"]
+        consts = {k: v for k, v in consts.items() if k not in ("syn", "N_CHUNKS", "FLAT_CHUNKS", "HAS_BIAS",
+                                                                "WRITE32")}
     sig = {n: SIG.get(n, "constexpr") for n in names}
-    out = compile_sm90(mod._linear_kernel, sig, consts, warps, stages, ALIGNED)
-    return {"BLOCK_M": bm, "BLOCK_N": bn, "UNROLL": unroll, "warps": warps, "stages": stages, **out, "fits_smem": out["shared_bytes"] <= SMEM_LIMIT}
+    out = compile_sm90(kernel, sig, consts, sch["warps"], sch["stages"], ALIGNED)
+    return {"BLOCK_M": sch["bm"], "BLOCK_N": sch["bn"], "UNROLL": sch["unroll"], "warps": sch["warps"],
+            "stages": sch["stages"], "parallel_chunks": sch["parallel"], **out,
+            "fits_smem": out["shared_bytes"] <= SMEM_LIMIT}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,13 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", type=Path, help="JSON {name: knob changes}: report decode for each")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 64], help="decode rows (pick DECODE_SMALL_* or not)")
     ap.add_argument("--full", action="store_true", help="also report the full path")
+    ap.add_argument("--k", type=int, default=4096, help="K of the launch (sets the number of K_CHUNK chunks)")
+    ap.add_argument("--n", type=int, default=4096, help="N of the launch (the schedule may follow it)")
     args = ap.parse_args(argv)
     variants = json.loads(args.variants.read_text()) if args.variants else {"cli": json.loads(args.knobs)}
     for name, knobs in variants.items():
         mod = load_variant(args.source, knobs, f"linear_report_{name}")
-        row = {"variant": name, **{f"decode.M{m}": report(mod, "DECODE", m) for m in args.m}}
+        row = {"variant": name, **{f"decode.M{m}": report(mod, "DECODE", m, args.k, args.n) for m in args.m}}
         if args.full:
-            row["full"] = report(mod, "FULL", 4096)
+            row["full"] = report(mod, "FULL", 4096, args.k, args.n)
         print(json.dumps(row), flush=True)
     return 0
 

@@ -147,11 +147,11 @@ def ceilings():
 # Qwen3-4B projections (hidden 2560, 32x128 q, 8x128 kv, MLP 9728) and Llama-3.1-8B's down projection.
 LINEAR_SHAPES = [("qwen3-4b.qkv", 6144, 2560), ("qwen3-4b.o", 2560, 4096), ("qwen3-4b.gate_up", 19456, 2560),
                  ("qwen3-4b.down", 2560, 9728), ("llama3-8b.down", 4096, 14336)]
-LINEAR_FULL = {"root": {}, "tma": {"FULL_USE_TMA": True},
-               "tma128x256": {"FULL_USE_TMA": True, "FULL_BLOCK_N": 256}}
-LINEAR_DECODE = {"root": {}, "m16n32": {"DECODE_BLOCK_M": 16, "DECODE_BLOCK_N": 32},
-                 "tma": {"DECODE_USE_TMA": True}}
-K_CHUNKS = (0, 4096)
+# Comparison entries around the committed root: the previous root's full-path depth (3 stages for every K),
+# wider full tiles, and decode without the full path's tiles for large batches.
+LINEAR_FULL = {"root": {}, "stages3": {"FULL_SHORT_K": 0, "FULL_NUM_STAGES": 3}, "128x256": {"FULL_BLOCK_N": 256}}
+LINEAR_DECODE = {"root": {}, "no_full_tiles": {"DECODE_FULL_TILES_M": 0}, "pointers": {"DECODE_USE_TMA": False}}
+K_CHUNKS = (0, 4096)  # 0: no K split (set explicitly; the root splits at 4096)
 
 
 def _linear_decode_vs_full(impl, x, w, bias, yf, yf32, ms=(1, 2, 3, 7, 16, 33, 64, 100, 128, 255, 256)):
@@ -239,9 +239,9 @@ def bench_linear(full_ms, decode_ms):
             cfgs = LINEAR_DECODE if decode else LINEAR_FULL
             for cname, kn in cfgs.items():
                 for chunk in K_CHUNKS:
-                    if not decode and cname not in ("root", "tma") and chunk:
+                    if not decode and cname == "128x256" and chunk:
                         continue
-                    knobs = {**kn, "K_CHUNK": chunk} if chunk else kn
+                    knobs = {**kn, "K_CHUNK": chunk}  # explicit: 0 is "no split", not the root's split
                     impl = load("linear", knobs)
                     fn = impl.linear_decode if decode else impl.linear_full
                     t = timeit(cycler(sets, lambda x, w, fn=fn: fn(x, w, None, y)), decode)
@@ -265,7 +265,7 @@ def bench_linear(full_ms, decode_ms):
             best = (score, chunk, fc, dc)
     if best:
         _, chunk, fc, dc = best
-        knobs = {**LINEAR_FULL[fc], **LINEAR_DECODE[dc], **({"K_CHUNK": chunk} if chunk else {})}
+        knobs = {**LINEAR_FULL[fc], **LINEAR_DECODE[dc], "K_CHUNK": chunk}
         RESULTS["chosen"]["linear"] = knobs
         print("linear chosen", knobs, flush=True)
         linear_consistency(knobs, label="chosen:" + tag(knobs))
@@ -276,12 +276,21 @@ def _small_knobs(k: str) -> bool:
 
 
 @guard("linear variants")
-def bench_linear_variants(variants: dict, decode_ms=(1, 64, 256)):
+def bench_linear_variants(variants: dict, decode_ms=(1, 64, 256), full_ms=(4096,)):
     """Each variant's decode on the decode cells, against cuBLAS, once its bits match the full path. Variants
     pair a schedule for small launches (DECODE_SMALL_*, M <= DECODE_SMALL_M) with one for the others, so the
-    best of each is picked from its own cells and the pair is checked and timed last as "combined"."""
-    cells = []
+    best of each is picked from its own cells and the pair is checked and timed last as "combined".
+    The full path is timed on `full_ms` rows once per distinct set of non-decode knobs (a contract knob such as
+    K_CHUNK changes both paths, and its cost on the full path is part of the trade)."""
+    cells, full_cells, full_done = [], [], {}
     for name, n, k in LINEAR_SHAPES:
+        for m in full_ms:
+            sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
+            y = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+            wl = f"{name}.M{m}"
+            t = timeit(cycler(sets, lambda x, w: torch.matmul(x, w.t(), out=y)), False)
+            record("linear", wl, "cublas", t, tflops=2 * m * n * k / t / 1e12)
+            full_cells.append((wl, m, n, k, sets, y, t))
         for m in decode_ms:
             sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
             y = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
@@ -303,6 +312,17 @@ def bench_linear_variants(variants: dict, decode_ms=(1, 64, 256)):
             print(f"!! {vname}: decode bits differ from the full path; not timed", flush=True)
             return
         impl = load("linear", knobs)
+        full_tag = tag({k: v for k, v in knobs.items() if not k.startswith("DECODE_")})
+        if full_tag not in full_done:
+            full_done[full_tag] = {}
+            for wl, m, n, k, sets, y, t_cublas in full_cells:
+                t = timeit(cycler(sets, lambda x, w: impl.linear_full(x, w, None, y)), False)
+                full_done[full_tag][wl] = t / t_cublas
+                record("linear", wl, "full:" + vname, t, vs_cublas=t / t_cublas, tflops=2 * m * n * k / t / 1e12)
+            RESULTS["chosen"].setdefault("linear_full_variants", {})[vname] = {
+                "full_knobs": full_tag, "gmean_vs_cublas": gmean(full_done[full_tag].values()),
+                "max_vs_cublas": max(full_done[full_tag].values())}
+            print(f"{vname} full: " + " ".join(f"{wl}={v:.2f}" for wl, v in full_done[full_tag].items()), flush=True)
         for wl, m, n, k, sets, y, t_cublas in cells:
             t = timeit(cycler(sets, lambda x, w: impl.linear_decode(x, w, None, y)), True)
             ratios.setdefault(vname, {})[wl] = t / t_cublas
@@ -544,6 +564,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-routing", type=int, nargs="*", default=[32768], help="token counts to torch.compile")
     ap.add_argument("--linear-variants", type=Path, default=None,
                     help="JSON {name: knob changes}: time only these linear decode variants (bits checked first)")
+    ap.add_argument("--linear-full-ms", type=int, nargs="*", default=[4096],
+                    help="rows of the full-path launches timed for each variant's full-path knobs")
     ap.add_argument("--families", default="linear,logprob,moe_routing",
                     help="comma-separated families to check and time (default: all three)")
     args = ap.parse_args(argv)
@@ -556,7 +578,7 @@ def main(argv=None) -> int:
     print(RESULTS["env"], flush=True)
     if args.linear_variants:
         RESULTS["env"]["linear_variants"] = str(args.linear_variants)
-        bench_linear_variants(json.loads(args.linear_variants.read_text()))
+        bench_linear_variants(json.loads(args.linear_variants.read_text()), full_ms=tuple(args.linear_full_ms))
     else:
         ceilings()
         checks = {"linear": linear_consistency, "logprob": logprob_consistency, "moe_routing": routing_consistency}

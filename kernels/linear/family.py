@@ -30,11 +30,16 @@ class LinearFamily(Family):
         Knob("K_CHUNK", (0, 512, 1024, 2048, 4096), "contract",
              "fixed K split (0: none): chunks from zero accumulators merged in ascending order in every path; "
              "a multiple of BLOCK_K"),
+        Knob("K_CHUNK_MIN_K", (0, 1024, 4096, 8192), "contract",
+             "split K only for weights with at least this many input columns (a weight property, never M)"),
         Knob("FULL_BLOCK_M", (64, 128, 256), "full", "output rows per tile in the full path"),
         Knob("FULL_BLOCK_N", (64, 128, 256), "full", "output columns per tile in the full path"),
         Knob("FULL_GROUP_M", (1, 4, 8, 16), "full", "row-tile grouping for L2 reuse of W in the full path"),
         Knob("FULL_NUM_WARPS", (4, 8), "full", "warps per tile in the full path"),
         Knob("FULL_NUM_STAGES", (2, 3, 4, 5), "full", "software pipelining depth of the full path"),
+        Knob("FULL_SHORT_K", (0, 2048, 4096, 8192), "full",
+             "full-path launches with K below this take FULL_SHORT_K_NUM_STAGES (0: none)"),
+        Knob("FULL_SHORT_K_NUM_STAGES", (2, 3, 4), "full", "pipelining depth of short-K full-path launches"),
         Knob("FULL_SPLIT_PARALLEL", (False, True), "full",
              "run K chunks as parallel programs plus a merge launch (else in-program) in the full path"),
         Knob("FULL_USE_TMA", (False, True), "full", "load tiles with TMA descriptors in the full path"),
@@ -59,7 +64,18 @@ class LinearFamily(Family):
         Knob("DECODE_SMALL_NUM_WARPS", (1, 2, 4), "decode", "warps per tile in small decode launches"),
         Knob("DECODE_SMALL_NUM_STAGES", (2, 3, 4, 5, 6), "decode", "pipelining depth of small decode launches"),
         Knob("DECODE_FULL_TILES_M", (0, 64, 128, 256), "decode",
-             "decode launches of at least this many rows use the full path's tile schedule (0: never)"),
+             "decode launches of at least this many rows use the full path's tiles, warps and stages (0: never); "
+             "their K chunks still follow the decode knobs"),
+        Knob("DECODE_FULL_TILES_MIN_PROGRAMS", (0, 64, 96, 132), "decode",
+             "take the full path's tiles (DECODE_FULL_TILES_M) only if they make this many programs, parallel "
+             "K chunks included (else the regular decode tiles)"),
+        Knob("FULL_CHUNK_LOOP", ("unrolled", "flat"), "full",
+             "in-program K chunks as one loop copy per chunk, or one loop folding at chunk boundaries"),
+        Knob("DECODE_CHUNK_LOOP", ("unrolled", "flat"), "decode",
+             "in-program K chunks in decode: one loop copy per chunk, or one folding loop (no K unroll)"),
+        Knob("DECODE_SPLIT_MAX_M", (0, 16, 64, 128), "decode",
+             "run K chunks as parallel programs only for decode launches of at most this many rows (0: any); "
+             "larger ones fold in-program"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -68,20 +84,26 @@ class LinearFamily(Family):
                             "to stream W at full bandwidth: cut K into fixed chunks (same absolute boundaries for "
                             "every M), run them as parallel programs in decode and merge in ascending order; the "
                             "full path reproduces the chunks in-program (joint)",
-                            knobs=("K_CHUNK", "DECODE_SPLIT_PARALLEL", "DECODE_BLOCK_N")),
+                            knobs=("K_CHUNK", "K_CHUNK_MIN_K", "DECODE_SPLIT_PARALLEL", "DECODE_SPLIT_MAX_M",
+                                   "FULL_CHUNK_LOOP")),
             OpportunitySpec("decode_row_mask", "Pointer-path decode wraps rows past M onto valid rows; at M = 1 every "
                             "row of the A tile is the same address, which ran 2x slower than the zero-filling TMA path "
                             "(H200). Mask the A rows (other=0) instead: valid rows keep their bits", paths=("decode",)),
             OpportunitySpec("chunked_full_pipeline", "With K_CHUNK > 0 the full path paid 25-35% (runtime outer "
-                            "loop, measured before the chunks were unrolled): keep every chunk's K loop pipelined, "
-                            "e.g. one flat loop folding the accumulator at chunk boundaries (joint only if the fold "
-                            "order changes)", paths=("full",), knobs=("K_CHUNK", "FULL_NUM_STAGES")),
+                            "loop), and unrolled chunk loops exhaust the registers at 4 chunks (255, spills, "
+                            "serialised wgmma; 3.2x cuBLAS on llama down): fold the chunks in one flat loop "
+                            "(joint only if the fold order changes)", paths=("full",),
+                            knobs=("K_CHUNK", "FULL_CHUNK_LOOP", "FULL_NUM_STAGES")),
             OpportunitySpec("k_step", "Retune the K step of every dot (joint: changes the accumulation order)",
                             knobs=("BLOCK_K",)),
             OpportunitySpec("full_tile", "Larger wgmma tiles and deeper pipelining for compute-bound prefill "
                             "GEMMs", paths=("full",),
                             knobs=("FULL_BLOCK_M", "FULL_BLOCK_N", "FULL_NUM_WARPS", "FULL_NUM_STAGES",
                                    "FULL_USE_TMA")),
+            OpportunitySpec("full_stages_by_k", "128x128 tiles with 3 stages fit two per SM; 4-5 stages one. "
+                            "Long K (9728, 14336) ran 1.03-1.07x cuBLAS with 4-5 stages against 1.11-1.19x with "
+                            "3, short K (2560) the reverse (H200): pick the depth by K", paths=("full",),
+                            knobs=("FULL_NUM_STAGES", "FULL_SHORT_K", "FULL_SHORT_K_NUM_STAGES")),
             OpportunitySpec("full_l2_grouping", "Group row tiles so W tiles are reused from L2", paths=("full",),
                             knobs=("FULL_GROUP_M",)),
             OpportunitySpec("decode_tile", "Decode is memory-bound on W: narrow tiles to put more programs on the "
@@ -93,7 +115,8 @@ class LinearFamily(Family):
                             "(dots still applied one by one in ascending k), within shared memory; GEMV-like "
                             "launches (M <= 16) may take narrower tiles than M = 64..256, where every extra "
                             "column tile re-reads x", paths=("decode",),
-                            knobs=("DECODE_BLOCK_N", "DECODE_K_UNROLL", "DECODE_NUM_STAGES", "DECODE_FULL_TILES_M")),
+                            knobs=("DECODE_BLOCK_N", "DECODE_K_UNROLL", "DECODE_NUM_STAGES", "DECODE_FULL_TILES_M",
+                                   "DECODE_FULL_TILES_MIN_PROGRAMS")),
             # Its own opportunity: the knob operator turns every knob of one at once, and these five only act
             # together (the small schedule exists only when DECODE_SMALL_M > 0).
             OpportunitySpec("small_decode_schedule", "GEMV-like decode launches (M <= DECODE_SMALL_M) with their "

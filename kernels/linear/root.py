@@ -6,9 +6,12 @@ no split-K chosen by shape, no atomics, and one epilogue. `tl.dot` gives the sam
 BLOCK_N / warps / stages (measured on Hopper), so those follow the path.
 
 An optional fixed K split (K_CHUNK, contract): K is cut into chunks of K_CHUNK columns at the same absolute
-boundaries for every M; each chunk starts from a zero accumulator and the chunk results are added to a zero
-total in ascending order by `_merge`. The full path does that inside one program; decode may run the chunks
-as parallel programs writing fp32 partials, merged by a second launch with the same `_merge` and epilogue.
+boundaries for every M (only for weights with K >= K_CHUNK_MIN_K: a property of the weight, never of M);
+each chunk starts from a zero accumulator and the chunk results are added to a zero
+total in ascending order by `_merge`. The full path does that inside one program (one loop copy per chunk, or
+one flat loop that folds at chunk boundaries: *_CHUNK_LOOP); decode may run the chunks as parallel programs
+writing fp32 partials, merged by a second launch with the same `_merge` and epilogue (up to DECODE_SPLIT_MAX_M
+rows; larger launches have tiles enough and fold in-program).
 
 Decode may load UNROLL consecutive BLOCK_K tiles per loop iteration (more bytes in flight per program for the
 memory-bound GEMV); their dots still run one after another in ascending k, and a tail that does not fill a
@@ -21,12 +24,12 @@ import triton.language as tl
 
 KNOBS = {
     "BLOCK_K": 64,
-    "K_CHUNK": 0,
+    "K_CHUNK": 4096,
     "FULL_BLOCK_M": 128,
     "FULL_BLOCK_N": 128,
     "FULL_GROUP_M": 8,
     "FULL_NUM_WARPS": 8,
-    "FULL_NUM_STAGES": 3,
+    "FULL_NUM_STAGES": 5,
     "FULL_SPLIT_PARALLEL": False,
     "FULL_USE_TMA": True,
     "DECODE_BLOCK_M": 64,
@@ -42,7 +45,14 @@ KNOBS = {
     "DECODE_SMALL_K_UNROLL": 4,
     "DECODE_SMALL_NUM_WARPS": 2,
     "DECODE_SMALL_NUM_STAGES": 4,
-    "DECODE_FULL_TILES_M": 0,
+    "DECODE_FULL_TILES_M": 128,
+    "FULL_CHUNK_LOOP": "flat",
+    "DECODE_CHUNK_LOOP": "flat",
+    "DECODE_SPLIT_MAX_M": 0,
+    "DECODE_FULL_TILES_MIN_PROGRAMS": 96,
+    "K_CHUNK_MIN_K": 0,
+    "FULL_SHORT_K": 4096,
+    "FULL_SHORT_K_NUM_STAGES": 3,
 }
 
 
@@ -100,6 +110,32 @@ def _k_range(x_ptr, w_ptr, offs_m, offs_n, off_m, off_n, M, N, K, k_lo, k_hi, sx
 
 
 @triton.jit
+def _k_chunks_flat(x_ptr, w_ptr, offs_m, offs_n, off_m, off_n, M, N, K, sxm, sxk, swn, swk,
+                   K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN_K: tl.constexpr, USE_TMA: tl.constexpr):
+    # The same chunks as the unrolled form, in one K loop: the chunk's accumulator is folded into the total
+    # (`_merge`, ascending) when its last tile is done and restarts from zero. Same dot steps and merges, so
+    # the same bits; one pipelined loop and one live accumulator chain instead of N_CHUNKS loop copies.
+    total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if USE_TMA:
+        x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[sxm, 1], block_shape=[BLOCK_M, BLOCK_K])
+        w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[swn, 1], block_shape=[BLOCK_N, BLOCK_K])
+    else:
+        offs_k = tl.arange(0, BLOCK_K)
+    for k0 in range(0, K, BLOCK_K):
+        if USE_TMA:
+            acc = _tma_step(acc, x_desc, w_desc, off_m, off_n, k0)
+        else:
+            acc = _ptr_step(acc, x_ptr, w_ptr, offs_m, offs_n, offs_k, k0, K, sxm, sxk, swn, swk, EVEN_K)
+        k_next = k0 + BLOCK_K
+        if (k_next % K_CHUNK == 0) | (k_next >= K):
+            total = _merge(total, acc)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    return total
+
+
+@triton.jit
 def _merge(total, part):
     # Chunk results join a zero-initialised total in ascending chunk order, in every path.
     return total + part
@@ -131,7 +167,8 @@ def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: 
 def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, swk, sym, syn,
                    K_CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr, HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, UNROLL: tl.constexpr):
+                   GROUP_M: tl.constexpr, EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, UNROLL: tl.constexpr,
+                   FLAT_CHUNKS: tl.constexpr):
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -142,9 +179,13 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, 
         total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
                        _k_range(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K, 0, K,
                                 sxm, sxk, swn, swk, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, UNROLL))
+    elif FLAT_CHUNKS:
+        total = _k_chunks_flat(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, K,
+                               sxm, sxk, swn, swk, K_CHUNK, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA)
     else:
         # Unrolled over the chunks (N_CHUNKS depends on K only) so each chunk's K loop is pipelined on its own;
-        # a runtime outer loop measured 25% slower even with one chunk.
+        # a runtime outer loop measured 25% slower even with one chunk. Several 128x128 chunk loops exhaust
+        # the registers (sm_90a: 255, spills, serialised wgmma at 4 chunks): FLAT_CHUNKS is one loop instead.
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for c in tl.static_range(N_CHUNKS):
             k_lo = c * K_CHUNK
@@ -209,44 +250,70 @@ def _tma_ok(x, weight):
     return ok
 
 
+def _k_chunk(K):
+    # Contract: the K split depends on the weight's K only (never on the rows); short reductions stay whole.
+    return KNOBS["K_CHUNK"] if KNOBS["K_CHUNK"] and KNOBS["K_CHUNK_MIN_K"] <= K else 0
+
+
+def _schedule(M, N, K, path):
+    """Tiles, warps, stages, unrolling and chunk execution of one launch (schedule only: no bits depend on it)."""
+    k_chunk = _k_chunk(K)
+    n_chunks = triton.cdiv(K, k_chunk) if k_chunk else 1
+    split_max_m = KNOBS["DECODE_SPLIT_MAX_M"] if path == "DECODE" else 0
+    parallel = n_chunks > 1 and KNOBS[path + "_SPLIT_PARALLEL"] and (split_max_m == 0 or split_max_m >= M)
+    src = path
+    if path == "DECODE" and 0 < KNOBS["DECODE_FULL_TILES_M"] <= M:
+        # A decode batch big enough to be a GEMM takes the full path's tiles, warps and stages, when they
+        # still make DECODE_FULL_TILES_MIN_PROGRAMS programs (parallel K chunks count).
+        programs = triton.cdiv(M, KNOBS["FULL_BLOCK_M"]) * triton.cdiv(N, KNOBS["FULL_BLOCK_N"])
+        if programs * (n_chunks if parallel else 1) >= KNOBS["DECODE_FULL_TILES_MIN_PROGRAMS"]:
+            src = "FULL"
+    sch = {"bm": KNOBS[src + "_BLOCK_M"], "bn": KNOBS[src + "_BLOCK_N"], "group_m": KNOBS[src + "_GROUP_M"],
+           "warps": KNOBS[src + "_NUM_WARPS"], "stages": KNOBS[src + "_NUM_STAGES"],
+           "unroll": KNOBS["DECODE_K_UNROLL"] if src == "DECODE" else 1}
+    if path == "FULL" and KNOBS["FULL_SHORT_K"] > K:
+        # Short reductions: a shallower pipeline leaves shared memory for two tiles per SM, which hide each
+        # other's prologue and epilogue; long ones want the deep pipeline (one tile per SM).
+        sch["stages"] = KNOBS["FULL_SHORT_K_NUM_STAGES"]
+    if path == "DECODE" and KNOBS["DECODE_SMALL_M"] >= M:
+        # GEMV-like launches get their own schedule (tl.dot's bits do not follow the tile, warps or stages).
+        sch.update(bm=max(16, triton.next_power_of_2(M)), bn=KNOBS["DECODE_SMALL_BLOCK_N"],
+                   unroll=KNOBS["DECODE_SMALL_K_UNROLL"], warps=KNOBS["DECODE_SMALL_NUM_WARPS"],
+                   stages=KNOBS["DECODE_SMALL_NUM_STAGES"])
+    flat = not parallel and n_chunks > 1 and KNOBS[path + "_CHUNK_LOOP"] == "flat"
+    if flat:
+        sch["unroll"] = 1  # the flat loop folds chunk by chunk, tile by tile
+    return {**sch, "k_chunk": k_chunk, "n_chunks": n_chunks, "parallel": parallel, "flat": flat}
+
+
 def _launch(x, weight, bias, out, out32, path):
     """out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]); any strides (the backward passes transposes)."""
     M, K = x.shape
     N = weight.shape[0]
-    if path == "DECODE" and 0 < KNOBS["DECODE_FULL_TILES_M"] <= M:
-        path = "FULL"  # a decode batch big enough to be a GEMM runs the full path's schedule (same dot steps)
-    block_k, k_chunk = KNOBS["BLOCK_K"], KNOBS["K_CHUNK"]
-    bm, bn = KNOBS[path + "_BLOCK_M"], KNOBS[path + "_BLOCK_N"]
-    group_m, warps, stages = KNOBS[path + "_GROUP_M"], KNOBS[path + "_NUM_WARPS"], KNOBS[path + "_NUM_STAGES"]
-    unroll = KNOBS["DECODE_K_UNROLL"] if path == "DECODE" else 1
-    if path == "DECODE" and KNOBS["DECODE_SMALL_M"] >= M:
-        # GEMV-like launches get their own schedule (tl.dot's bits do not follow the tile, warps or stages).
-        bm, bn = max(16, triton.next_power_of_2(M)), KNOBS["DECODE_SMALL_BLOCK_N"]
-        unroll, warps, stages = (KNOBS["DECODE_SMALL_K_UNROLL"], KNOBS["DECODE_SMALL_NUM_WARPS"],
-                                 KNOBS["DECODE_SMALL_NUM_STAGES"])
+    sch = _schedule(M, N, K, path)
+    block_k, k_chunk, bm, bn = KNOBS["BLOCK_K"], sch["k_chunk"], sch["bm"], sch["bn"]
     has_bias, write32 = bias is not None, out32 is not None
     b = bias if has_bias else out
     even_k = K % block_k == 0 and k_chunk % block_k == 0
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
     use_tma = KNOBS[path + "_USE_TMA"] and _tma_ok(x, weight)
-    n_chunks = triton.cdiv(K, k_chunk) if k_chunk else 1
-    if k_chunk and n_chunks > 1 and KNOBS[path + "_SPLIT_PARALLEL"]:
-        ws = torch.empty((n_chunks, M, N), dtype=torch.float32, device=x.device)
-        _linear_chunk_kernel[(tiles, n_chunks)](
+    meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=sch["group_m"], EVEN_K=even_k, USE_TMA=use_tma,
+                UNROLL=sch["unroll"], num_warps=sch["warps"], num_stages=sch["stages"])
+    if sch["parallel"]:
+        ws = torch.empty((sch["n_chunks"], M, N), dtype=torch.float32, device=x.device)
+        _linear_chunk_kernel[(tiles, sch["n_chunks"])](
             x, weight, ws, M, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
-            K_CHUNK=k_chunk, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=even_k,
-            USE_TMA=use_tma, UNROLL=unroll, num_warps=warps, num_stages=stages)
+            K_CHUNK=k_chunk, **meta)
         block = 1024
         _linear_merge_kernel[(triton.cdiv(M * N, block),)](
-            ws, b, out, out32 if write32 else ws, M, N, n_chunks, out.stride(0), out.stride(1),
+            ws, b, out, out32 if write32 else ws, M, N, sch["n_chunks"], out.stride(0), out.stride(1),
             HAS_BIAS=has_bias, WRITE32=write32, BLOCK=block, num_warps=4)
         return
     _linear_kernel[(tiles,)](
         x, weight, b, out, out32 if write32 else out, M, N, K,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
-        K_CHUNK=k_chunk, N_CHUNKS=n_chunks, HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
-        BLOCK_K=block_k, GROUP_M=group_m, EVEN_K=even_k, USE_TMA=use_tma, UNROLL=unroll, num_warps=warps,
-        num_stages=stages)
+        K_CHUNK=k_chunk, N_CHUNKS=sch["n_chunks"], HAS_BIAS=has_bias, WRITE32=write32, FLAT_CHUNKS=sch["flat"],
+        **meta)
 
 
 def linear_full(x: torch.Tensor, weight: torch.Tensor, bias, out: torch.Tensor,

@@ -34,6 +34,12 @@ def test_knob_variants_pass(knobs):
     {"DECODE_BLOCK_M": 16, "DECODE_BLOCK_N": 16, "DECODE_K_UNROLL": 8, "DECODE_USE_TMA": False},
     {"K_CHUNK": 512, "DECODE_BLOCK_N": 32, "DECODE_K_UNROLL": 2},
     {"DECODE_SMALL_M": 1, "DECODE_FULL_TILES_M": 8, "DECODE_BLOCK_N": 32, "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 64},
+    {"K_CHUNK": 512, "FULL_CHUNK_LOOP": "flat", "DECODE_SPLIT_MAX_M": 4, "DECODE_CHUNK_LOOP": "flat"},
+    {"K_CHUNK": 512, "FULL_CHUNK_LOOP": "flat", "FULL_USE_TMA": False, "DECODE_SPLIT_PARALLEL": False,
+     "DECODE_K_UNROLL": 4},
+    {"K_CHUNK": 512, "K_CHUNK_MIN_K": 1024, "DECODE_FULL_TILES_M": 8, "DECODE_FULL_TILES_MIN_PROGRAMS": 64,
+     "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 64, "FULL_CHUNK_LOOP": "flat", "FULL_SHORT_K": 2048,
+     "FULL_SHORT_K_NUM_STAGES": 2, "FULL_NUM_STAGES": 5},
 ])
 def test_unrolled_decode_variants_pass(knobs):
     # k = 200: 4 tiles, the last one partial (inside a group of 4, a leftover for 8); k = 1088: 17 tiles, groups
@@ -47,6 +53,7 @@ def test_unrolled_decode_variants_pass(knobs):
 @pytest.mark.parametrize("full_knobs,decode_knobs", [
     ({"BLOCK_K": 64}, {"BLOCK_K": 32}),
     ({"K_CHUNK": 0}, {"K_CHUNK": 512}),
+    ({"K_CHUNK": 512, "K_CHUNK_MIN_K": 4096}, {"K_CHUNK": 512}),
 ])
 def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
     impl = _family.split_paths(load("mf", **full_knobs), load("md", **decode_knobs))
@@ -54,6 +61,29 @@ def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
     bad = failures(impl, cases=case)
     assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
     assert all(kind == "consistency" for _, kind, _ in bad)
+
+
+def test_flat_chunks_equal_unrolled_chunks():
+    # The flat loop must give the unrolled chunks' bits: full path flat against decode unrolled (in-program), and
+    # the reverse. k = 1088 with K_CHUNK 512: chunks of 8, 8 and 1 tiles, the last fold at K, not at a boundary.
+    case = [c for c in FAMILY.check_cases("full") if c["k"] > 512]
+    common = {"K_CHUNK": 512, "DECODE_SPLIT_PARALLEL": False}
+    flat = load("flat_both", **common, FULL_CHUNK_LOOP="flat", DECODE_CHUNK_LOOP="flat")
+    unrolled = load("unrolled_both", **common)
+    assert failures(_family.split_paths(flat, unrolled), cases=case) == []
+    assert failures(_family.split_paths(unrolled, flat), cases=case) == []
+
+
+def test_flat_chunk_fold_at_wrong_boundary_is_caught():
+    # Folding after the first tile of each chunk instead of its last regroups the sums: decode (parallel chunks)
+    # must then differ from the flat full path.
+    def early_fold(src):
+        assert src.count("k_next % K_CHUNK == 0") == 1
+        return src.replace("k_next % K_CHUNK == 0", "k0 % K_CHUNK == 0")
+
+    impl = load("flat_early", early_fold, K_CHUNK=512, FULL_CHUNK_LOOP="flat")
+    bad = failures(impl, cases=[c for c in FAMILY.check_cases("full") if c["k"] > 512])
+    assert any(kind == "consistency" and name.startswith("decode == full") for name, kind, _ in bad), bad
 
 
 def test_unrolled_decode_out_of_order_is_caught():
