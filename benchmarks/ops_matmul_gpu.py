@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 import triton
+from triton.runtime.errors import OutOfResources
 from triton.testing import do_bench, do_bench_cudagraph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,7 +150,8 @@ LINEAR_SHAPES = [("qwen3-4b.qkv", 6144, 2560), ("qwen3-4b.o", 2560, 4096), ("qwe
                  ("qwen3-4b.down", 2560, 9728), ("llama3-8b.down", 4096, 14336)]
 # Comparison entries around the committed root: the previous root's full-path depth (3 stages for every K),
 # wider full tiles, and decode without the full path's tiles for large batches.
-LINEAR_FULL = {"root": {}, "stages3": {"FULL_SHORT_K": 0, "FULL_NUM_STAGES": 3}, "128x256": {"FULL_BLOCK_N": 256}}
+LINEAR_FULL = {"root": {}, "stages3": {"FULL_SHORT_K": 0, "FULL_NUM_STAGES": 3},
+               "128x256": {"FULL_BLOCK_N": 256, "FULL_NUM_STAGES": 3, "FULL_SHORT_K": 0}}
 LINEAR_DECODE = {"root": {}, "no_full_tiles": {"DECODE_FULL_TILES_M": 0}, "pointers": {"DECODE_USE_TMA": False}}
 K_CHUNKS = (0, 4096)  # 0: no K split (set explicitly; the root splits at 4096)
 
@@ -228,6 +230,7 @@ def linear_decode_consistency(knobs: dict, label: str):
 def bench_linear(full_ms, decode_ms):
     peak = RESULTS["ceilings"].get("matmul_TFLOPs", 0)
     times: dict = {}  # (phase, cfg, chunk) -> {workload: time / cublas}
+    failed: set = set()  # configurations that could not run (e.g. out of shared memory): dropped, not averaged
     for name, n, k in LINEAR_SHAPES:
         for m in full_ms + decode_ms:
             decode = m <= 256
@@ -241,10 +244,19 @@ def bench_linear(full_ms, decode_ms):
                 for chunk in K_CHUNKS:
                     if not decode and cname == "128x256" and chunk:
                         continue
+                    key = ("decode" if decode else "full", cname, chunk)
+                    if key in failed:
+                        continue
                     knobs = {**kn, "K_CHUNK": chunk}  # explicit: 0 is "no split", not the root's split
                     impl = load("linear", knobs)
                     fn = impl.linear_decode if decode else impl.linear_full
-                    t = timeit(cycler(sets, lambda x, w, fn=fn: fn(x, w, None, y)), decode)
+                    try:
+                        t = timeit(cycler(sets, lambda x, w, fn=fn: fn(x, w, None, y)), decode)
+                    except OutOfResources as e:
+                        failed.add(key)
+                        times.pop(key, None)
+                        RESULTS["errors"].append({"section": f"linear {key}", "error": repr(e)[:300]})
+                        continue
                     times.setdefault(("decode" if decode else "full", cname, chunk), {})[wl] = t / t_cublas
                     record("linear", wl, ("decode:" if decode else "full:") + tag(knobs), t,
                            tflops=flops / t / 1e12, vs_cublas=t / t_cublas,
