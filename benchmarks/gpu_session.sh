@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_grid | attention_full | campaign_attention |
-# model | rowwise_sweep | ops FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | campaign FILE), each under its own
+# model | rowwise_sweep | ops FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -47,6 +47,9 @@ while [ $# -gt 0 ]; do
     linear_variants) v=$1; shift  # linear decode variants vs cuBLAS, each bit-checked against the full path
       timeout 230 python3 benchmarks/ops_matmul_gpu.py --linear-variants "$v" --budget-s 170 --linear-full-ms 4096 16384 \
         --out "$OUT/linear_$(basename "$v" .json).json" 2>&1 | tail -45 ;;
+    linear_full_ab) v=$1; shift  # full-path variants vs cuBLAS, interleaved over 5 repeats (median per cell)
+      timeout 300 python3 benchmarks/ops_matmul_gpu.py --linear-full-ab "$v" --repeats 5 --budget-s 240 \
+        --out "$OUT/linear_ab_$(basename "$v" .json).json" 2>&1 | grep -v "^linear  " | tail -20 ;;
     matmul) f=$1; shift  # the matmul suite for some of linear,logprob,moe_routing, without torch.compile
       timeout 300 python3 benchmarks/ops_matmul_gpu.py --families "$f" --compile-logprob --compile-routing \
         --budget-s 200 --out "$OUT/matmul_$(echo "$f" | tr , _).json" 2>&1 | tail -45 ;;

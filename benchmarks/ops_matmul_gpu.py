@@ -381,6 +381,39 @@ def bench_linear_variants(variants: dict, decode_ms=(1, 64, 256), full_ms=(4096,
             RESULTS["chosen"]["linear_variants"]["combined"] = {"all_gmean": gmean(ratios["combined"].values())}
 
 
+@guard("linear full A/B")
+def bench_linear_full_ab(variants: dict, full_ms=(4096, 16384), repeats: int = 5):
+    """The full path of a few variants against cuBLAS, interleaved: every repeat times cuBLAS and each variant
+    on every cell, in an order rotated per repeat, so clock and thermal drift hit all of them alike; the
+    median ratio per cell is reported. For full-path claims, where single runs moved ratios by up to 20%."""
+    impls = {v: load("linear", kn) for v, kn in variants.items()}
+    cells = []
+    for name, n, k in LINEAR_SHAPES:
+        for m in full_ms:
+            sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
+            cells.append((f"{name}.M{m}", sets, torch.empty((m, n), dtype=torch.bfloat16, device="cuda")))
+    ratios: dict = {}  # variant -> workload -> [ratio per repeat]
+    names = list(impls)
+    for r in range(repeats):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for wl, sets, y in cells:
+            t_cublas = timeit(cycler(sets, lambda x, w: torch.matmul(x, w.t(), out=y)), False)
+            for v in order:
+                t = timeit(cycler(sets, lambda x, w, f=impls[v].linear_full: f(x, w, None, y)), False)
+                ratios.setdefault(v, {}).setdefault(wl, []).append(t / t_cublas)
+                record("linear", wl, f"full_ab:{v}:r{r}", t, vs_cublas=t / t_cublas, cublas_us=t_cublas * 1e6)
+        print(f"repeat {r + 1}/{repeats} done", flush=True)
+    summary = {}
+    for v, per in ratios.items():
+        med = {wl: sorted(x)[len(x) // 2] for wl, x in per.items()}
+        summary[v] = {"median_vs_cublas": med, "gmean": gmean(med.values()), "max": max(med.values()),
+                      "within_1.25": sum(x <= 1.25 for x in med.values()), "cells": len(med),
+                      "spread": {wl: [min(x), max(x)] for wl, x in per.items()}}
+        print(f"{v}: gmean {summary[v]['gmean']:.3f}, within 1.25x {summary[v]['within_1.25']}/{len(med)}: "
+              + " ".join(f"{wl}={x:.2f}" for wl, x in med.items()), flush=True)
+    RESULTS["chosen"]["linear_full_ab"] = summary
+
+
 # ---------------------------------------------------------------- logprob
 def logprob_torch(logits, target, temperature=1.0):
     logp = torch.log_softmax(logits.float() / temperature, -1)
@@ -578,6 +611,9 @@ def main(argv=None) -> int:
                     help="JSON {name: knob changes}: time only these linear decode variants (bits checked first)")
     ap.add_argument("--linear-full-ms", type=int, nargs="*", default=[4096],
                     help="rows of the full-path launches timed for each variant's full-path knobs")
+    ap.add_argument("--linear-full-ab", type=Path, default=None,
+                    help="JSON {name: knob changes}: interleaved full-path timing of these variants vs cuBLAS")
+    ap.add_argument("--repeats", type=int, default=5, help="repeats of --linear-full-ab")
     ap.add_argument("--families", default="linear,logprob,moe_routing",
                     help="comma-separated families to check and time (default: all three)")
     args = ap.parse_args(argv)
@@ -588,7 +624,10 @@ def main(argv=None) -> int:
     RESULTS["env"] = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
                       "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     print(RESULTS["env"], flush=True)
-    if args.linear_variants:
+    if args.linear_full_ab:
+        RESULTS["env"]["linear_full_ab"] = str(args.linear_full_ab)
+        bench_linear_full_ab(json.loads(args.linear_full_ab.read_text()), repeats=args.repeats)
+    elif args.linear_variants:
         RESULTS["env"]["linear_variants"] = str(args.linear_variants)
         bench_linear_variants(json.loads(args.linear_variants.read_text()), full_ms=tuple(args.linear_full_ms))
     else:
