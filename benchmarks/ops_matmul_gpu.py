@@ -234,11 +234,8 @@ def bench_linear(full_ms, decode_ms):
     for name, n, k in LINEAR_SHAPES:
         for m in full_ms + decode_ms:
             decode = m <= 256
-            sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
-            y = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-            flops, wl = 2 * m * n * k, f"{name}.M{m}"
-            t_cublas = timeit(cycler(sets, lambda x, w: torch.matmul(x, w.t(), out=y)), decode)
-            record("linear", wl, "cublas", t_cublas, tflops=flops / t_cublas / 1e12)
+            wl, _, _, _, sets, y, t_cublas = _cublas_cell(name, n, k, m, decode)
+            flops = 2 * m * n * k
             cfgs = LINEAR_DECODE if decode else LINEAR_FULL
             for cname, kn in cfgs.items():
                 for chunk in K_CHUNKS:
@@ -287,6 +284,20 @@ def _small_knobs(k: str) -> bool:
     return k.startswith("DECODE_SMALL_")
 
 
+def _linear_cell(name: str, n: int, k: int, m: int):
+    """A cell's workload name, rotated (x, W) input sets and output buffer."""
+    sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
+    return f"{name}.M{m}", sets, torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+
+
+def _cublas_cell(name: str, n: int, k: int, m: int, graph: bool):
+    """A cell with cuBLAS timed on it (recorded): (workload, m, n, k, sets, out, cuBLAS seconds)."""
+    wl, sets, y = _linear_cell(name, n, k, m)
+    t = timeit(cycler(sets, lambda x, w: torch.matmul(x, w.t(), out=y)), graph)
+    record("linear", wl, "cublas", t, tflops=2 * m * n * k / t / 1e12)
+    return wl, m, n, k, sets, y, t
+
+
 @guard("linear variants")
 def bench_linear_variants(variants: dict, decode_ms=(1, 64, 256), full_ms=(4096,)):
     """Each variant's decode on the decode cells, against cuBLAS, once its bits match the full path. Variants
@@ -294,22 +305,9 @@ def bench_linear_variants(variants: dict, decode_ms=(1, 64, 256), full_ms=(4096,
     best of each is picked from its own cells and the pair is checked and timed last as "combined".
     The full path is timed on `full_ms` rows once per distinct set of non-decode knobs (a contract knob such as
     K_CHUNK changes both paths, and its cost on the full path is part of the trade)."""
-    cells, full_cells, full_done = [], [], {}
-    for name, n, k in LINEAR_SHAPES:
-        for m in full_ms:
-            sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
-            y = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-            wl = f"{name}.M{m}"
-            t = timeit(cycler(sets, lambda x, w: torch.matmul(x, w.t(), out=y)), False)
-            record("linear", wl, "cublas", t, tflops=2 * m * n * k / t / 1e12)
-            full_cells.append((wl, m, n, k, sets, y, t))
-        for m in decode_ms:
-            sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
-            y = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-            wl = f"{name}.M{m}"
-            t = timeit(cycler(sets, lambda x, w: torch.matmul(x, w.t(), out=y)), True)
-            record("linear", wl, "cublas", t, tflops=2 * m * n * k / t / 1e12)
-            cells.append((wl, m, n, k, sets, y, t))
+    full_cells = [_cublas_cell(name, n, k, m, False) for name, n, k in LINEAR_SHAPES for m in full_ms]
+    cells = [_cublas_cell(name, n, k, m, True) for name, n, k in LINEAR_SHAPES for m in decode_ms]
+    full_done: dict = {}
     ratios: dict = {}  # variant -> {workload: time / cublas}
 
     def run_variant(vname, knobs):
@@ -387,11 +385,7 @@ def bench_linear_full_ab(variants: dict, full_ms=(4096, 16384), repeats: int = 5
     on every cell, in an order rotated per repeat, so clock and thermal drift hit all of them alike; the
     median ratio per cell is reported. For full-path claims, where single runs moved ratios by up to 20%."""
     impls = {v: load("linear", kn) for v, kn in variants.items()}
-    cells = []
-    for name, n, k in LINEAR_SHAPES:
-        for m in full_ms:
-            sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
-            cells.append((f"{name}.M{m}", sets, torch.empty((m, n), dtype=torch.bfloat16, device="cuda")))
+    cells = [_linear_cell(name, n, k, m) for name, n, k in LINEAR_SHAPES for m in full_ms]
     ratios: dict = {}  # variant -> workload -> [ratio per repeat]
     names = list(impls)
     for r in range(repeats):
