@@ -15,8 +15,18 @@ from typing import Any
 
 from tik_evo.candidate import load_module
 
-# Triton raises these when a (legal) knob choice cannot be built or launched, e.g. out of shared memory.
-COMPILE_ERRORS = {"CompilationError", "OutOfResources", "CompileTimeAssertionFailure"}
+# Triton raises these when a (legal) knob choice cannot be built; OutOfResources when it builds but does not fit
+# the GPU (shared memory, registers), which is worth telling apart: a smaller tile or fewer stages may fit.
+COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure"}
+RESOURCE_ERRORS = {"OutOfResources"}
+
+
+def error_kind(e: BaseException) -> str:
+    """The failure kind of an exception raised by a candidate, the same in every stage."""
+    name = type(e).__name__
+    if name in RESOURCE_ERRORS:
+        return "resources"
+    return "compile" if name in COMPILE_ERRORS or "Compil" in name else "exception"
 
 
 class Result:
@@ -89,8 +99,7 @@ def run(job: dict[str, Any]) -> None:
                 for seed in seed_list:
                     checks += family.run_checks(impl, case, seed, device)
         except Exception as e:
-            kind = "compile" if type(e).__name__ in COMPILE_ERRORS else "exception"
-            res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=kind)
+            res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=error_kind(e))
             return
         if not res.stage(level, all(c.passed for c in checks), t0, checks, kind=_failed_kind(checks)):
             return
@@ -114,8 +123,7 @@ def run(job: dict[str, Any]) -> None:
                 res.data["best_retimed"][w["name"]] = timing.measure(bb, device, job["evaluate"])
             res.flush()
     except Exception as e:
-        kind = "compile" if "Compil" in type(e).__name__ else "exception"
-        res.stage("timing", False, t0, fresh, error=traceback.format_exc(limit=6), kind=kind)
+        res.stage("timing", False, t0, fresh, error=traceback.format_exc(limit=6), kind=error_kind(e))
         return
     if res.stage("timing", all(c.passed for c in fresh), t0, fresh, kind=_failed_kind(fresh)):
         res.data["done"] = True

@@ -70,6 +70,26 @@ def test_raising_candidate(tmp_path):
     assert out.failure_kind == "exception" and "boom" in out.failure
 
 
+def test_out_of_resources_is_its_own_kind(tmp_path):
+    # A legal knob choice that does not fit the GPU (e.g. too many stages for shared memory) is reported as
+    # "resources", in whichever stage it is raised, so operators and the TUI can tell it from a broken kernel.
+    out = audit(tmp_path, with_body("    raise triton.runtime.errors.OutOfResources(245800, 232448, 'shared memory')\n"))
+    assert out.failure_kind == "resources", out.failure
+    assert "shared memory" in out.failure
+
+
+def test_error_kinds():
+    from tik_evo.worker import error_kind
+
+    def named(name):
+        return type(name, (Exception,), {})()
+
+    assert error_kind(named("OutOfResources")) == "resources"
+    assert error_kind(named("CompilationError")) == "compile"
+    assert error_kind(named("CompileTimeAssertionFailure")) == "compile"
+    assert error_kind(RuntimeError("boom")) == "exception"
+
+
 def test_mismatched_contract_caught(tmp_path):
     """Decode with another reduction width than full: each path is accurate, the bits differ."""
     knobs = read_knobs(ROOT_SRC)
