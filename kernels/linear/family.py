@@ -66,6 +66,9 @@ class LinearFamily(Family):
         Knob("DECODE_FULL_TILES_M", (0, 64, 128, 256), "decode",
              "decode launches of at least this many rows use the full path's tiles, warps and stages (0: never); "
              "their K chunks still follow the decode knobs"),
+        Knob("DECODE_SPLIT_MAX_TILES", (0, 64, 96, 128), "decode",
+             "run K chunks as parallel programs only when the launch has at most this many tiles (0: any); "
+             "larger launches fill the GPU already and fold in-program"),
         Knob("DECODE_FULL_TILES_MIN_PROGRAMS", (0, 64, 96, 132), "decode",
              "take the full path's tiles (DECODE_FULL_TILES_M) only if they make this many programs, parallel "
              "K chunks included (else the regular decode tiles)"),
@@ -85,7 +88,7 @@ class LinearFamily(Family):
                             "every M), run them as parallel programs in decode and merge in ascending order; the "
                             "full path reproduces the chunks in-program (joint)",
                             knobs=("K_CHUNK", "K_CHUNK_MIN_K", "DECODE_SPLIT_PARALLEL", "DECODE_SPLIT_MAX_M",
-                                   "FULL_CHUNK_LOOP")),
+                                   "DECODE_SPLIT_MAX_TILES", "FULL_CHUNK_LOOP")),
             OpportunitySpec("decode_row_mask", "Pointer-path decode wraps rows past M onto valid rows; at M = 1 every "
                             "row of the A tile is the same address, which ran 2x slower than the zero-filling TMA path "
                             "(H200). Mask the A rows (other=0) instead: valid rows keep their bits", paths=("decode",)),

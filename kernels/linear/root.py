@@ -53,6 +53,7 @@ KNOBS = {
     "K_CHUNK_MIN_K": 0,
     "FULL_SHORT_K": 4096,
     "FULL_SHORT_K_NUM_STAGES": 3,
+    "DECODE_SPLIT_MAX_TILES": 0,
 }
 
 
@@ -280,6 +281,10 @@ def _schedule(M, N, K, path):
         sch.update(bm=max(16, triton.next_power_of_2(M)), bn=KNOBS["DECODE_SMALL_BLOCK_N"],
                    unroll=KNOBS["DECODE_SMALL_K_UNROLL"], warps=KNOBS["DECODE_SMALL_NUM_WARPS"],
                    stages=KNOBS["DECODE_SMALL_NUM_STAGES"])
+    if parallel and path == "DECODE" and KNOBS["DECODE_SPLIT_MAX_TILES"]:
+        # A launch with tiles enough to fill the GPU gains nothing from parallel chunks but pays their merge.
+        tiles = triton.cdiv(M, sch["bm"]) * triton.cdiv(N, sch["bn"])
+        parallel = tiles <= KNOBS["DECODE_SPLIT_MAX_TILES"]
     flat = not parallel and n_chunks > 1 and KNOBS[path + "_CHUNK_LOOP"] == "flat"
     if flat:
         sch["unroll"] = 1  # the flat loop folds chunk by chunk, tile by tile

@@ -40,6 +40,9 @@ def test_knob_variants_pass(knobs):
     {"K_CHUNK": 512, "K_CHUNK_MIN_K": 1024, "DECODE_FULL_TILES_M": 8, "DECODE_FULL_TILES_MIN_PROGRAMS": 64,
      "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 64, "FULL_CHUNK_LOOP": "flat", "FULL_SHORT_K": 2048,
      "FULL_SHORT_K_NUM_STAGES": 2, "FULL_NUM_STAGES": 5},
+    # n = 80 in 16-column small tiles: 5 tiles, so chunks fold in-program at 4 and run in parallel at 8.
+    {"K_CHUNK": 512, "DECODE_SPLIT_MAX_TILES": 4, "DECODE_SMALL_BLOCK_N": 16, "DECODE_CHUNK_LOOP": "unrolled"},
+    {"K_CHUNK": 512, "DECODE_SPLIT_MAX_TILES": 8, "DECODE_SMALL_BLOCK_N": 16, "FULL_CHUNK_LOOP": "flat"},
 ])
 def test_unrolled_decode_variants_pass(knobs):
     # k = 200: 4 tiles, the last one partial (inside a group of 4, a leftover for 8); k = 1088: 17 tiles, groups
