@@ -110,3 +110,19 @@ def test_workloads_validate():
     assert len(names) == len(set(names))
     for w in spec["workloads"]:
         FAMILY.validate_workload(w)
+
+
+def test_root_schedule_follows_the_launch_shape():
+    # Schedule choices (no bits depend on them) as the root makes them at model shapes: full tiles for large
+    # decode batches only when they fill the GPU, parallel K chunks only for weights with K > K_CHUNK, the
+    # pipeline depth of the full path by K.
+    sch = load()._schedule
+    qkv256, o256 = sch(256, 6144, 2560, "DECODE"), sch(256, 2560, 4096, "DECODE")
+    assert (qkv256["bm"], qkv256["bn"], qkv256["warps"]) == (128, 128, 8)  # 96 programs
+    assert (o256["bm"], o256["bn"]) == (64, 64)  # 128x128 would make 40 programs
+    down256 = sch(256, 2560, 9728, "DECODE")
+    assert down256["parallel"] and down256["n_chunks"] == 3 and down256["bm"] == 128  # 40 tiles x 3 chunks
+    one = sch(1, 2560, 9728, "DECODE")
+    assert one["parallel"] and one["bm"] == 16 and one["unroll"] == 4
+    assert sch(4096, 2560, 9728, "FULL")["flat"] and sch(4096, 2560, 9728, "FULL")["stages"] == 5
+    assert sch(4096, 6144, 2560, "FULL")["stages"] == 3 and sch(4096, 6144, 2560, "FULL")["n_chunks"] == 1
