@@ -10,8 +10,8 @@ boundaries for every M (only for weights with K >= K_CHUNK_MIN_K: a property of 
 each chunk starts from a zero accumulator and the chunk results are added to a zero
 total in ascending order by `_merge`. The full path does that inside one program (one loop copy per chunk, or
 one flat loop that folds at chunk boundaries: *_CHUNK_LOOP); decode may run the chunks as parallel programs
-writing fp32 partials, merged by a second launch with the same `_merge` and epilogue (up to DECODE_SPLIT_MAX_M
-rows; larger launches have tiles enough and fold in-program).
+writing fp32 partials, merged by a second launch with the same `_merge` and epilogue (DECODE_SPLIT_MAX_M and
+DECODE_SPLIT_MAX_TILES can keep launches that already have tiles enough in-program).
 
 Decode may load UNROLL consecutive BLOCK_K tiles per loop iteration (more bytes in flight per program for the
 memory-bound GEMV); their dots still run one after another in ascending k, and a tail that does not fill a

@@ -57,27 +57,22 @@ def _bc(v, GROUP: tl.constexpr):
 
 
 @triton.jit
-def _row_max(t, GROUP: tl.constexpr):
-    if GROUP > 0:
-        return tl.max(tl.max(t, 2), 1)
+def _reduce(t, axis: tl.constexpr, OP: tl.constexpr):
+    if OP == "max":
+        return tl.max(t, axis)
+    elif OP == "min":
+        return tl.min(t, axis)
     else:
-        return tl.max(t, 1)
+        return tl.sum(t, axis)
 
 
 @triton.jit
-def _row_min(t, GROUP: tl.constexpr):
+def _row(t, OP: tl.constexpr, GROUP: tl.constexpr):
+    """Each row of the tile (flat [BLOCK_T, BLOCK_E], or grouped [BLOCK_T, BLOCK_E / G, G]) reduced by OP."""
     if GROUP > 0:
-        return tl.min(tl.min(t, 2), 1)
+        return _reduce(_reduce(t, 2, OP), 1, OP)
     else:
-        return tl.min(t, 1)
-
-
-@triton.jit
-def _row_sum(t, GROUP: tl.constexpr):
-    if GROUP > 0:
-        return tl.sum(tl.sum(t, 2), 1)
-    else:
-        return tl.sum(t, 1)
+        return _reduce(t, 1, OP)
 
 
 @triton.jit
@@ -87,9 +82,9 @@ def _next_key(keys, prev, GROUP: tl.constexpr):
     overflows; keys >= prev give a negative difference, which as unsigned is larger than any key below."""
     d = _bc(prev, GROUP) - 1 - keys
     if keys.dtype == tl.int64:
-        r = _row_min(d.to(tl.uint64, bitcast=True), GROUP).to(tl.int64, bitcast=True)
+        r = _row(d.to(tl.uint64, bitcast=True), "min", GROUP).to(tl.int64, bitcast=True)
     else:
-        r = _row_min(d.to(tl.uint32, bitcast=True), GROUP).to(tl.int32, bitcast=True)
+        r = _row(d.to(tl.uint32, bitcast=True), "min", GROUP).to(tl.int32, bitcast=True)
     return prev - 1 - r
 
 
@@ -137,7 +132,7 @@ def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr,
         m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: keep them finite, they are never stored
         if not (RENORM and FROM_LOGITS):
             e = tl.exp(x - _bc(m, GROUP))
-            s = tl.where(rmask, _row_sum(e, GROUP), 1.0)
+            s = tl.where(rmask, _row(e, "sum", GROUP), 1.0)
         for k in tl.static_range(1, TOP_K):
             key = _next_key(keys, key, GROUP)
             top_keys = tl.where(kcols[None, :] == k, key[:, None], top_keys)
@@ -158,10 +153,10 @@ def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr,
         for k in tl.static_range(TOP_K):
             total = total + tl.sum(tl.where(kcols[None, :] == k, top_w, 0.0), 1)  # slot order (adds exact 0s)
     else:
-        m = _row_max(x, GROUP)
+        m = _row(x, "max", GROUP)
         m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: keep them finite, they are never stored
         e = tl.exp(x - _bc(m, GROUP))
-        s = tl.where(rmask, _row_sum(e, GROUP), 1.0)
+        s = tl.where(rmask, _row(e, "sum", GROUP), 1.0)
         p = e / _bc(s, GROUP)
         if SELECT == "packed_prob":
             pkeys = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BLOCK_E - 1 - cols)
@@ -177,8 +172,8 @@ def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr,
         else:
             work = tl.where(cmask, p, -1.0)  # probabilities are >= 0: padding is never selected
             for k in tl.static_range(TOP_K):
-                v = _row_max(work, GROUP)
-                idx = _row_min(tl.where(work == _bc(v, GROUP), cols, BLOCK_E), GROUP)  # ties: the lower expert
+                v = _row(work, "max", GROUP)
+                idx = _row(tl.where(work == _bc(v, GROUP), cols, BLOCK_E), "min", GROUP)  # ties: the lower expert
                 top_w = tl.where(kcols[None, :] == k, v[:, None], top_w)
                 top_i = tl.where(kcols[None, :] == k, idx[:, None], top_i)
                 total = total + v  # slot order, one add per slot

@@ -104,8 +104,11 @@ def test_ties_to_higher_index_in_one_path_is_caught():
 
 
 def test_ties_to_higher_index_in_old_rounds_is_caught():
-    edit = lambda s: s.replace("idx = _row_min(tl.where(work == _bc(v, GROUP), cols, BLOCK_E), GROUP)",  # noqa: E731
-                               "idx = _row_max(tl.where(work == _bc(v, GROUP), cols, -1), GROUP)")
+    def edit(src):
+        old = 'idx = _row(tl.where(work == _bc(v, GROUP), cols, BLOCK_E), "min", GROUP)'
+        assert src.count(old) == 1
+        return src.replace(old, 'idx = _row(tl.where(work == _bc(v, GROUP), cols, -1), "max", GROUP)')
+
     bad = failures(_family.split_paths(load("of", **OLD_ROOT), load("od", source_edit=edit, **OLD_ROOT)),
                    cases=FAMILY.check_cases("full")[:2])
     assert any(kind == "consistency" and "(ids)" in name for name, kind, _ in bad), bad
