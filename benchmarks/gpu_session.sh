@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_grid | attention_full | campaign_attention |
-# model | rowwise_sweep | ops FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE), each under its own
+# model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -33,7 +33,8 @@ while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
     attention) v=$1; shift
-      timeout 380 python3 benchmarks/attention_gpu.py --variants-json "$v" --budget-s 330 \
+      timeout $(( ${ATTN_BUDGET_S:-330} + 50 )) python3 benchmarks/attention_gpu.py --variants-json "$v" \
+        --budget-s ${ATTN_BUDGET_S:-330} ${ATTN_CHECK:+--check-variants $ATTN_CHECK} \
         --out "$OUT/attention_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
     attention_grid)  # every cell of the paper grid, root and the Hopper variants (variants/attention_grid.json), with per-phase geomeans
       timeout 580 python3 benchmarks/attention_gpu.py --grid --variants-json benchmarks/variants/attention_grid.json \
@@ -43,7 +44,8 @@ while [ $# -gt 0 ]; do
     model)
       timeout 150 python3 benchmarks/model_consistency_gpu.py --out "$OUT/model_consistency.json" 2>&1 | tail -15 ;;
     rowwise_sweep)
-      timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep --out "$OUT" 2>&1 | tail -30 ;;
+      timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
+        --out "$OUT" 2>&1 | tail -30 ;;
     linear_variants) v=$1; shift  # linear decode variants vs cuBLAS, each bit-checked against the full path
       timeout 230 python3 benchmarks/ops_matmul_gpu.py --linear-variants "$v" --budget-s 170 --linear-full-ms 4096 16384 \
         --out "$OUT/linear_$(basename "$v" .json).json" 2>&1 | tail -45 ;;
@@ -53,6 +55,9 @@ while [ $# -gt 0 ]; do
     matmul) f=$1; shift  # the matmul suite for some of linear,logprob,moe_routing, without torch.compile
       timeout 300 python3 benchmarks/ops_matmul_gpu.py --families "$f" --compile-logprob --compile-routing \
         --budget-s 200 --out "$OUT/matmul_$(echo "$f" | tr , _).json" 2>&1 | tail -45 ;;
+    routing_variants) v=$1; shift  # a moe_routing sweep from a JSON list of knob changes, each bit-checked first
+      timeout 240 python3 benchmarks/ops_matmul_gpu.py --families moe_routing --compile-routing \
+        --routing-variants "$v" --budget-s 200 --out "$OUT/routing_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
     ops) f=$1; shift
       timeout 300 python3 benchmarks/ops_gpu.py --families "$f" --out "$OUT" 2>&1 | tail -40 ;;
     campaign_attention)  # the knob search on six grid cells (see campaign below)

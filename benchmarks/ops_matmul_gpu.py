@@ -559,10 +559,13 @@ ROUTING_SWEEP = [{}, {"RENORM_FROM": "probs"}, {"BLOCK_T": 8}, {"BLOCK_T": 16},
 
 
 @guard("moe_routing")
-def bench_routing(full_ts, decode_bs, compile_ts):
+def bench_routing(full_ts, decode_bs, compile_ts, sweep=None, check_all=False):
     E, K = 128, 8
     compiled = torch.compile(routing_torch, dynamic=False)
     copy_bw = RESULTS["ceilings"].get("copy_TBps", 0)
+    sweep = ROUTING_SWEEP if sweep is None else sweep
+    if check_all:  # every variant's bits before any timing (cheap: one 32K-token pass and six decode batches)
+        sweep = [kn for kn in sweep if not kn or routing_consistency(kn)]
     per_cfg: dict = {}
     for t_rows in full_ts + decode_bs:
         nbytes = t_rows * E * 2 + t_rows * K * (2 + 4 + 4)
@@ -577,7 +580,7 @@ def bench_routing(full_ts, decode_bs, compile_ts):
                    pct_copy=nbytes / t / 1e12 / copy_bw if copy_bw else None)
 
         rec("copy_same_bytes", copy_time(nbytes // 2, True))
-        for kn in ROUTING_SWEEP:
+        for kn in sweep:
             impl = load("moe_routing", kn)
             fn = impl.moe_routing_decode if t_rows <= 256 else impl.moe_routing_full
             t = timeit(cycler(sets, lambda x, fn=fn: fn(x, w, ids, w32)), True)
@@ -588,10 +591,10 @@ def bench_routing(full_ts, decode_bs, compile_ts):
             rec("torch_compile", timeit(cycler(sets, lambda x: compiled(x)), True))
     score = {c: gmean(v.values()) for c, v in per_cfg.items()}
     best = min(score, key=score.get)
-    chosen = next(kn for kn in ROUTING_SWEEP if tag(kn) == best)
+    chosen = next(kn for kn in sweep if tag(kn) == best)
     RESULTS["chosen"]["moe_routing"] = chosen
     print("moe_routing chosen", chosen, flush=True)
-    if chosen:
+    if chosen and not check_all:
         routing_consistency(chosen, label="chosen:" + tag(chosen))
 
 
@@ -608,6 +611,9 @@ def main(argv=None) -> int:
     ap.add_argument("--linear-full-ab", type=Path, default=None,
                     help="JSON {name: knob changes}: interleaved full-path timing of these variants vs cuBLAS")
     ap.add_argument("--repeats", type=int, default=5, help="repeats of --linear-full-ab")
+    ap.add_argument("--routing-variants", type=Path, default=None,
+                    help="JSON [knob changes, ...]: the moe_routing sweep to time instead of the built-in one "
+                         "(every variant bit-checked first; a failing one is not timed)")
     ap.add_argument("--families", default="linear,logprob,moe_routing",
                     help="comma-separated families to check and time (default: all three)")
     args = ap.parse_args(argv)
@@ -635,7 +641,9 @@ def main(argv=None) -> int:
         if "logprob" in fams:
             bench_logprob([4096, 32768], [1, 64, 256], eager_max=4096, compile_ts=args.compile_logprob)
         if "moe_routing" in fams:
-            bench_routing([4096, 32768], [1, 64, 256], compile_ts=args.compile_routing)
+            sweep = json.loads(args.routing_variants.read_text()) if args.routing_variants else None
+            bench_routing([4096, 32768], [1, 64, 256], compile_ts=args.compile_routing, sweep=sweep,
+                          check_all=sweep is not None)
     RESULTS["env"]["wall_s"] = time.time() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(RESULTS, indent=1))

@@ -56,8 +56,12 @@ class MoERoutingFamily(Family):
              "probability)"),
         Knob("FULL_TILES_PER_PROGRAM", (1, 2, 4, 8), "full", "tiles looped over by one program in the full path"),
         Knob("FULL_NUM_STAGES", (1, 2, 3), "full", "software pipelining depth of the full path"),
+        Knob("FULL_PREFETCH", (False, True), "full",
+             "load the program's next tile before routing this one (register double buffer; with several tiles "
+             "per program the memory wait overlaps the selection rounds)"),
         Knob("DECODE_TILES_PER_PROGRAM", (1, 2, 4), "decode", "tiles looped over by one program in decode"),
         Knob("DECODE_NUM_STAGES", (1, 2, 3), "decode", "software pipelining depth of decode"),
+        Knob("DECODE_PREFETCH", (False, True), "decode", "as FULL_PREFETCH, for decode"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -78,9 +82,11 @@ class MoERoutingFamily(Family):
                             "two predicated multiplies around MUFU.EX2); an ex2.approx.ftz on a pre-scaled input "
                             "is 1-2 (joint: flushes probabilities below 2^-126, changes the row sum)"),
             OpportunitySpec("full_persistent", "Loop several tiles per program so large batches launch fewer "
-                            "programs", paths=("full",), knobs=("FULL_TILES_PER_PROGRAM", "FULL_NUM_STAGES")),
+                            "programs; one wave of one-warp programs loads everything, then computes, so "
+                            "prefetching the next tile overlaps the two", paths=("full",),
+                            knobs=("FULL_TILES_PER_PROGRAM", "FULL_NUM_STAGES", "FULL_PREFETCH")),
             OpportunitySpec("decode_schedule", "Tune the decode launch for 1-256 tokens", paths=("decode",),
-                            knobs=("DECODE_TILES_PER_PROGRAM", "DECODE_NUM_STAGES")),
+                            knobs=("DECODE_TILES_PER_PROGRAM", "DECODE_NUM_STAGES", "DECODE_PREFETCH")),
         ]
 
     def check_cases(self, level: str) -> list[dict[str, Any]]:

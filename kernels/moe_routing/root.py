@@ -42,8 +42,10 @@ KNOBS = {
     "RENORM_FROM": "logits",
     "FULL_TILES_PER_PROGRAM": 1,
     "FULL_NUM_STAGES": 1,
+    "FULL_PREFETCH": False,
     "DECODE_TILES_PER_PROGRAM": 1,
     "DECODE_NUM_STAGES": 1,
+    "DECODE_PREFETCH": False,
 }
 
 
@@ -108,17 +110,29 @@ def _key_logit(key, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
-                BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr, FROM_LOGITS: tl.constexpr):
+def _tile_index(tile, T, E, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, GROUP: tl.constexpr):
+    """(rows, row mask, expert columns, column mask) of one tile."""
     rows = tile.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    rmask = rows < T
     if GROUP > 0:
         cols = tl.arange(0, BLOCK_E // GROUP)[None, :, None] * GROUP + tl.arange(0, GROUP)[None, None, :]
     else:
         cols = tl.arange(0, BLOCK_E)[None, :]
-    cmask = cols < E
-    xb = tl.load(x_ptr + _bc(rows, GROUP) * E + cols, mask=_bc(rmask, GROUP) & cmask, other=float("-inf"))
+    return rows, rows < T, cols, cols < E
+
+
+@triton.jit
+def _load_tile(x_ptr, tile, T, E, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, GROUP: tl.constexpr):
+    """The tile's bf16 logits; rows past T and padding experts hold -inf."""
+    rows, rmask, cols, cmask = _tile_index(tile, T, E, BLOCK_T, BLOCK_E, GROUP)
+    return tl.load(x_ptr + _bc(rows, GROUP) * E + cols, mask=_bc(rmask, GROUP) & cmask, other=float("-inf"))
+
+
+@triton.jit
+def _route_tile(xb, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
+                BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr, FROM_LOGITS: tl.constexpr):
+    """Route the loaded tile `xb` (from `_load_tile`) and store its outputs."""
+    rows, rmask, cols, cmask = _tile_index(tile, T, E, BLOCK_T, BLOCK_E, GROUP)
     x = xb.to(tl.float32)
     kcols = tl.arange(0, K_PAD)
     top_w = tl.zeros([BLOCK_T, K_PAD], dtype=tl.float32)
@@ -192,11 +206,23 @@ def _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr,
 def _route_kernel(x_ptr, w_ptr, w32_ptr, id_ptr, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
                   GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr, FROM_LOGITS: tl.constexpr,
-                  TILES_PER_PROGRAM: tl.constexpr):
-    for i in range(TILES_PER_PROGRAM):
-        tile = tl.program_id(0) * TILES_PER_PROGRAM + i
-        _route_tile(x_ptr, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM, WRITE32, BLOCK_T, BLOCK_E, TOP_K, K_PAD,
-                    GROUP, SELECT, STAGE_KEYS, FROM_LOGITS)
+                  TILES_PER_PROGRAM: tl.constexpr, PREFETCH: tl.constexpr):
+    first = tl.program_id(0) * TILES_PER_PROGRAM
+    if PREFETCH:
+        # The next tile's load is issued before this tile's selection rounds, so a program's memory wait
+        # overlaps its own arithmetic (Triton does not software-pipeline loads that feed no dot).
+        xb = _load_tile(x_ptr, first, T, E, BLOCK_T, BLOCK_E, GROUP)
+        for i in range(TILES_PER_PROGRAM):
+            nxt = tl.where(i + 1 < TILES_PER_PROGRAM, first + i + 1, tl.cdiv(T, BLOCK_T))  # past T: no load
+            xb_next = _load_tile(x_ptr, nxt, T, E, BLOCK_T, BLOCK_E, GROUP)
+            _route_tile(xb, w_ptr, w32_ptr, id_ptr, first + i, T, E, RENORM, WRITE32, BLOCK_T, BLOCK_E, TOP_K,
+                        K_PAD, GROUP, SELECT, STAGE_KEYS, FROM_LOGITS)
+            xb = xb_next
+    else:
+        for i in range(TILES_PER_PROGRAM):
+            xb = _load_tile(x_ptr, first + i, T, E, BLOCK_T, BLOCK_E, GROUP)
+            _route_tile(xb, w_ptr, w32_ptr, id_ptr, first + i, T, E, RENORM, WRITE32, BLOCK_T, BLOCK_E, TOP_K,
+                        K_PAD, GROUP, SELECT, STAGE_KEYS, FROM_LOGITS)
 
 
 def _contract(E: int) -> dict:
@@ -221,7 +247,8 @@ def _launch(logits, weights, ids, weights32, renormalize, path):
     _route_kernel[grid](
         logits, weights, weights32 if weights32 is not None else weights, ids, T, E,
         RENORM=bool(renormalize), WRITE32=weights32 is not None, TOP_K=top_k,
-        K_PAD=triton.next_power_of_2(top_k), TILES_PER_PROGRAM=tiles_pp, **_contract(E),
+        K_PAD=triton.next_power_of_2(top_k), TILES_PER_PROGRAM=tiles_pp, PREFETCH=KNOBS[path + "_PREFETCH"],
+        **_contract(E),
         num_warps=KNOBS["NUM_WARPS"], num_stages=KNOBS[path + "_NUM_STAGES"])
 
 

@@ -17,9 +17,13 @@ KNOBS = {
     "FULL_BLOCK_I": 1024,
     "FULL_ROWS_PER_PROGRAM": 1,
     "FULL_NUM_WARPS": 4,
+    "FULL_COLS_FASTEST": False,
+    "FULL_STREAMING": False,
     "DECODE_BLOCK_I": 1024,
     "DECODE_ROWS_PER_PROGRAM": 1,
     "DECODE_NUM_WARPS": 4,
+    "DECODE_COLS_FASTEST": False,
+    "DECODE_STREAMING": False,
 }
 
 
@@ -40,43 +44,55 @@ def _silu_mul(g, u, SILU_FORM: tl.constexpr, ROUND_SILU: tl.constexpr):
 @triton.jit
 def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, y32_ptr, n_rows, I, g_stride, u_stride,
                      ROWS_PER_PROGRAM: tl.constexpr, BLOCK_I: tl.constexpr, SILU_FORM: tl.constexpr,
-                     ROUND_SILU: tl.constexpr, WRITE32: tl.constexpr):
-    pid_r = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
+                     ROUND_SILU: tl.constexpr, WRITE32: tl.constexpr, COLS_FASTEST: tl.constexpr,
+                     STREAMING: tl.constexpr):
+    # COLS_FASTEST: consecutive programs take neighbouring column blocks of one row (contiguous memory) rather
+    # than one column block of neighbouring rows. STREAMING: every byte is touched once, so tell L2 to evict
+    # it first. Neither changes any value.
+    if COLS_FASTEST:
+        pid_r, pid_c = tl.program_id(1), tl.program_id(0)
+    else:
+        pid_r, pid_c = tl.program_id(0), tl.program_id(1)
+    cols = pid_c * BLOCK_I + tl.arange(0, BLOCK_I)
     cmask = cols < I
+    evict: tl.constexpr = "evict_first" if STREAMING else ""
     for i in range(ROWS_PER_PROGRAM):
         row = (pid_r * ROWS_PER_PROGRAM + i).to(tl.int64)
         if row < n_rows:
-            g = tl.load(g_ptr + row * g_stride + cols, mask=cmask, other=0.0)
-            u = tl.load(u_ptr + row * u_stride + cols, mask=cmask, other=0.0)
+            g = tl.load(g_ptr + row * g_stride + cols, mask=cmask, other=0.0, eviction_policy=evict)
+            u = tl.load(u_ptr + row * u_stride + cols, mask=cmask, other=0.0, eviction_policy=evict)
             y = _silu_mul(g, u, SILU_FORM, ROUND_SILU)
-            tl.store(y_ptr + row * I + cols, y.to(tl.bfloat16), mask=cmask)
+            tl.store(y_ptr + row * I + cols, y.to(tl.bfloat16), mask=cmask, eviction_policy=evict)
             if WRITE32:
-                tl.store(y32_ptr + row * I + cols, y, mask=cmask)
+                tl.store(y32_ptr + row * I + cols, y, mask=cmask, eviction_policy=evict)
 
 
-def _launch(gate, up, out, out32, block, rows_per_program, num_warps):
+def _launch(gate, up, out, out32, path):
     n_rows, inter = gate.shape
     write32 = out32 is not None
+    rows_per_program, block = KNOBS[path + "_ROWS_PER_PROGRAM"], KNOBS[path + "_BLOCK_I"]
+    cols_fastest = KNOBS[path + "_COLS_FASTEST"]
     grid = (triton.cdiv(n_rows, rows_per_program), triton.cdiv(inter, block))
+    if cols_fastest:
+        grid = grid[::-1]
     _silu_mul_kernel[grid](
         gate, up, out, out32 if write32 else out, n_rows, inter, gate.stride(0), up.stride(0),
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_I=block, SILU_FORM=KNOBS["SILU_FORM"],
-        ROUND_SILU=KNOBS["ROUND_SILU"], WRITE32=write32, num_warps=num_warps,
+        ROUND_SILU=KNOBS["ROUND_SILU"], WRITE32=write32, COLS_FASTEST=cols_fastest,
+        STREAMING=KNOBS[path + "_STREAMING"], num_warps=KNOBS[path + "_NUM_WARPS"],
     )
 
 
 def silu_mul_full(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor,
                   out32: torch.Tensor | None = None) -> None:
     """All tokens of a packed batch: gate, up [tokens, intermediate] -> out (bf16), out32 (pre-cast fp32)."""
-    _launch(gate, up, out, out32, KNOBS["FULL_BLOCK_I"], KNOBS["FULL_ROWS_PER_PROGRAM"], KNOBS["FULL_NUM_WARPS"])
+    _launch(gate, up, out, out32, "FULL")
 
 
 def silu_mul_decode(gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor,
                     out32: torch.Tensor | None = None) -> None:
     """One token per sequence: gate, up [batch, intermediate]; same per-element numerics as silu_mul_full."""
-    _launch(gate, up, out, out32, KNOBS["DECODE_BLOCK_I"], KNOBS["DECODE_ROWS_PER_PROGRAM"],
-            KNOBS["DECODE_NUM_WARPS"])
+    _launch(gate, up, out, out32, "DECODE")
 
 
 def silu_mul_backward(gate: torch.Tensor, up: torch.Tensor, grad_out: torch.Tensor

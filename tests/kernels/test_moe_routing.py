@@ -30,6 +30,8 @@ def test_root_passes_all_cases():
     {"SELECT": "packed_prob", "BLOCK_T": 16, "NUM_WARPS": 4},
     {"SELECT": "rounds", "BLOCK_T": 8, "NUM_WARPS": 2},
     {"RENORM_FROM": "logits"},  # no row sum: renormalised exp(x - m) of the chosen experts
+    # the next tile loaded before this one is routed; tile counts that do not divide by tiles per program
+    {"FULL_TILES_PER_PROGRAM": 3, "FULL_PREFETCH": True, "DECODE_TILES_PER_PROGRAM": 2, "DECODE_PREFETCH": True},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))

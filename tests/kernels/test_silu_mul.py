@@ -16,6 +16,8 @@ def test_root_passes_all_cases_two_seeds():
     {"FULL_BLOCK_I": 256, "FULL_ROWS_PER_PROGRAM": 4, "DECODE_BLOCK_I": 4096},
     {"SILU_FORM": "exp2", "ROUND_SILU": False, "DECODE_ROWS_PER_PROGRAM": 2},
     {"SILU_FORM": "mul_sigmoid", "FULL_NUM_WARPS": 8},
+    {"FULL_COLS_FASTEST": True, "FULL_STREAMING": True, "FULL_ROWS_PER_PROGRAM": 2, "FULL_BLOCK_I": 256,
+     "DECODE_COLS_FASTEST": True, "DECODE_STREAMING": True},
 ])
 def test_knob_variants_pass(knobs):
     assert R.failures(FAM, R.load_with_knobs(FAM, **knobs)) == []
