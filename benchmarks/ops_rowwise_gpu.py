@@ -83,13 +83,12 @@ GPU_CASES = {
 
 # Knob sweep (--sweep): path-knob variants of each root timed on a few workloads, peers timed alongside.
 SWEEP = {
-    # silu_mul: memory order (column blocks of a row in neighbouring programs) and evict-first hints, around
-    # the root's 1024-column, 4-warp tile (wider tiles measured in rowwise_sweep_2026-12-02.json: no gain).
+    # silu_mul (root: column blocks of a row in neighbouring programs, rowwise_sweep_2026-12-03.json): the
+    # previous row-first order, both orders again, and evict-first hints. The first variant is timed twice (the
+    # first pass of a fresh machine ran slow at T4096 in that run).
     "silu_mul": (("qwen3-4b.decode.B256", "qwen3-30b-a3b.full.T4096", "llama-3.1-8b.full.T32768"), [
-        {}, {"FULL_COLS_FASTEST": True, "DECODE_COLS_FASTEST": True},
-        {"FULL_STREAMING": True, "DECODE_STREAMING": True},
-        {"FULL_COLS_FASTEST": True, "DECODE_COLS_FASTEST": True, "FULL_STREAMING": True, "DECODE_STREAMING": True},
-        {"FULL_COLS_FASTEST": True, "FULL_BLOCK_I": 2048, "FULL_NUM_WARPS": 8, "DECODE_COLS_FASTEST": True}]),
+        {}, {"FULL_COLS_FASTEST": False}, {}, {"FULL_COLS_FASTEST": False},
+        {"FULL_STREAMING": True, "DECODE_STREAMING": True}, {"DECODE_COLS_FASTEST": True}]),
     # rope (root: early loads, 2 decode warps, auto head split; measured in rowwise_sweep2_2026-12-02.json against
     # the serial root, the split and in-kernel cos/sin): decode warps and tokens per program around the new root.
     "rope": (("qwen3-4b.decode.B1", "qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [

@@ -17,7 +17,7 @@ KNOBS = {
     "FULL_BLOCK_I": 1024,
     "FULL_ROWS_PER_PROGRAM": 1,
     "FULL_NUM_WARPS": 4,
-    "FULL_COLS_FASTEST": False,
+    "FULL_COLS_FASTEST": True,
     "FULL_STREAMING": False,
     "DECODE_BLOCK_I": 1024,
     "DECODE_ROWS_PER_PROGRAM": 1,
@@ -67,14 +67,21 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, y32_ptr, n_rows, I, g_stride, u_stride
                 tl.store(y32_ptr + row * I + cols, y, mask=cmask, eviction_policy=evict)
 
 
+def _grid(n_rows: int, inter: int, path: str) -> tuple[tuple[int, int], bool]:
+    """(launch grid, whether column blocks vary fastest). Grid axis 1 holds at most 65535 programs, so row
+    counts beyond that keep the row-first order."""
+    rows = triton.cdiv(n_rows, KNOBS[path + "_ROWS_PER_PROGRAM"])
+    cols = triton.cdiv(inter, KNOBS[path + "_BLOCK_I"])
+    if KNOBS[path + "_COLS_FASTEST"] and rows <= 65535:
+        return (cols, rows), True
+    return (rows, cols), False
+
+
 def _launch(gate, up, out, out32, path):
     n_rows, inter = gate.shape
     write32 = out32 is not None
     rows_per_program, block = KNOBS[path + "_ROWS_PER_PROGRAM"], KNOBS[path + "_BLOCK_I"]
-    cols_fastest = KNOBS[path + "_COLS_FASTEST"]
-    grid = (triton.cdiv(n_rows, rows_per_program), triton.cdiv(inter, block))
-    if cols_fastest:
-        grid = grid[::-1]
+    grid, cols_fastest = _grid(n_rows, inter, path)
     _silu_mul_kernel[grid](
         gate, up, out, out32 if write32 else out, n_rows, inter, gate.stride(0), up.stride(0),
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_I=block, SILU_FORM=KNOBS["SILU_FORM"],

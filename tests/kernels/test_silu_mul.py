@@ -13,7 +13,7 @@ def test_root_passes_all_cases_two_seeds():
 
 
 @pytest.mark.parametrize("knobs", [
-    {"FULL_BLOCK_I": 256, "FULL_ROWS_PER_PROGRAM": 4, "DECODE_BLOCK_I": 4096},
+    {"FULL_BLOCK_I": 256, "FULL_ROWS_PER_PROGRAM": 4, "DECODE_BLOCK_I": 4096, "FULL_COLS_FASTEST": False},
     {"SILU_FORM": "exp2", "ROUND_SILU": False, "DECODE_ROWS_PER_PROGRAM": 2},
     {"SILU_FORM": "mul_sigmoid", "FULL_NUM_WARPS": 8},
     {"FULL_COLS_FASTEST": True, "FULL_STREAMING": True, "FULL_ROWS_PER_PROGRAM": 2, "FULL_BLOCK_I": 256,
@@ -21,6 +21,12 @@ def test_root_passes_all_cases_two_seeds():
 ])
 def test_knob_variants_pass(knobs):
     assert R.failures(FAM, R.load_with_knobs(FAM, **knobs)) == []
+
+
+def test_column_first_grid_falls_back_past_the_grid_limit():
+    impl = R.load_with_knobs(FAM, FULL_COLS_FASTEST=True, FULL_ROWS_PER_PROGRAM=1, FULL_BLOCK_I=1024)
+    assert impl._grid(65535, 14336, "FULL") == ((14, 65535), True)
+    assert impl._grid(65536, 14336, "FULL") == ((65536, 14), False)  # axis 1 holds at most 65535 programs
 
 
 def test_contract_mismatch_is_caught():
