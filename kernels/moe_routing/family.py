@@ -59,9 +59,14 @@ class MoERoutingFamily(Family):
         Knob("FULL_PREFETCH", (False, True), "full",
              "load the program's next tile before routing this one (register double buffer; with several tiles "
              "per program the memory wait overlaps the selection rounds)"),
+        Knob("FULL_STAGE_KEYS", ("auto", "off"), "full",
+             "round-trip the chosen keys through the ids output so the epilogue runs once per row ('auto': when "
+             "more than 2 threads share a row) or let every thread of the row repeat it ('off', no memory round "
+             "trip)"),
         Knob("DECODE_TILES_PER_PROGRAM", (1, 2, 4), "decode", "tiles looped over by one program in decode"),
         Knob("DECODE_NUM_STAGES", (1, 2, 3), "decode", "software pipelining depth of decode"),
         Knob("DECODE_PREFETCH", (False, True), "decode", "as FULL_PREFETCH, for decode"),
+        Knob("DECODE_STAGE_KEYS", ("auto", "off"), "decode", "as FULL_STAGE_KEYS, for decode"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:

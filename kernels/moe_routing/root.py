@@ -43,9 +43,11 @@ KNOBS = {
     "FULL_TILES_PER_PROGRAM": 1,
     "FULL_NUM_STAGES": 1,
     "FULL_PREFETCH": False,
+    "FULL_STAGE_KEYS": "auto",
     "DECODE_TILES_PER_PROGRAM": 1,
     "DECODE_NUM_STAGES": 1,
     "DECODE_PREFETCH": False,
+    "DECODE_STAGE_KEYS": "auto",
 }
 
 
@@ -229,12 +231,16 @@ def _contract(E: int) -> dict:
     """The compile-time parameters both paths share (they depend on the number of experts only)."""
     block_e = triton.next_power_of_2(E)
     group = min(KNOBS["EXPERT_GROUP"], block_e)
-    # Threads holding parts of one row: the flat tile spreads a row over up to 16 threads, a grouped one over
-    # 32 * NUM_WARPS / BLOCK_T. Staging the chosen keys pays off when that is more than 2.
-    lanes = min(16, block_e // 8) if group == 0 else max(1, 32 * KNOBS["NUM_WARPS"] // KNOBS["BLOCK_T"])
     return {"BLOCK_T": KNOBS["BLOCK_T"], "BLOCK_E": block_e, "GROUP": group, "SELECT": KNOBS["SELECT"],
-            "STAGE_KEYS": KNOBS["SELECT"] == "logit_key" and lanes > 2,
             "FROM_LOGITS": KNOBS["SELECT"] == "logit_key" and KNOBS["RENORM_FROM"] == "logits"}
+
+
+def _stage_keys(block_e: int, group: int, path: str) -> bool:
+    """Whether the chosen keys round-trip through the ids output (path-only: the round trip is exact).
+    Threads holding parts of one row: the flat tile spreads a row over up to 16 threads, a grouped one over
+    32 * NUM_WARPS / BLOCK_T; "auto" stages when that is more than 2."""
+    lanes = min(16, block_e // 8) if group == 0 else max(1, 32 * KNOBS["NUM_WARPS"] // KNOBS["BLOCK_T"])
+    return KNOBS[path + "_STAGE_KEYS"] == "auto" and KNOBS["SELECT"] == "logit_key" and lanes > 2
 
 
 def _launch(logits, weights, ids, weights32, renormalize, path):
@@ -244,11 +250,12 @@ def _launch(logits, weights, ids, weights32, renormalize, path):
     if T == 0:
         return
     grid = (triton.cdiv(triton.cdiv(T, KNOBS["BLOCK_T"]), tiles_pp),)
+    contract = _contract(E)
     _route_kernel[grid](
         logits, weights, weights32 if weights32 is not None else weights, ids, T, E,
         RENORM=bool(renormalize), WRITE32=weights32 is not None, TOP_K=top_k,
         K_PAD=triton.next_power_of_2(top_k), TILES_PER_PROGRAM=tiles_pp, PREFETCH=KNOBS[path + "_PREFETCH"],
-        **_contract(E),
+        STAGE_KEYS=_stage_keys(contract["BLOCK_E"], contract["GROUP"], path), **contract,
         num_warps=KNOBS["NUM_WARPS"], num_stages=KNOBS[path + "_NUM_STAGES"])
 
 
