@@ -98,10 +98,13 @@ SWEEP = {
     "add_rmsnorm": (("qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B256"), [
         {}, {"FULL_WEIGHT_LOAD": "late", "DECODE_WEIGHT_LOAD": "late"}, {"NUM_WARPS": 4},
         {"DECODE_NUM_STAGES": 2}]),
+    # embedding: one program per (token, column block), against the row walk.
     "embedding": (("qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [
-        {}, {"FULL_BLOCK_H": 2048, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_H": 2048, "DECODE_NUM_WARPS": 8},
-        {"FULL_BLOCK_H": 4096, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_H": 4096, "DECODE_NUM_WARPS": 8},
-        {"FULL_ROWS_PER_PROGRAM": 4, "DECODE_ROWS_PER_PROGRAM": 4}]),
+        {}, {"FULL_SPLIT_ROW": True, "DECODE_SPLIT_ROW": True},
+        {"FULL_SPLIT_ROW": True, "DECODE_SPLIT_ROW": True, "FULL_BLOCK_H": 512, "DECODE_BLOCK_H": 512,
+         "FULL_NUM_WARPS": 2, "DECODE_NUM_WARPS": 2},
+        {"FULL_BLOCK_H": 2048, "FULL_NUM_WARPS": 8, "DECODE_BLOCK_H": 2048, "DECODE_NUM_WARPS": 8},
+        {}]),
 }
 
 

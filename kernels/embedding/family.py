@@ -20,19 +20,23 @@ class EmbeddingFamily(Family):
         Knob("FULL_BLOCK_H", (256, 512, 1024, 2048, 4096), "full", "columns copied per step (full path)"),
         Knob("FULL_ROWS_PER_PROGRAM", (1, 2, 4, 8), "full", "tokens per program (full path)"),
         Knob("FULL_NUM_WARPS", (1, 2, 4, 8), "full", "warps per program (full path)"),
+        Knob("FULL_SPLIT_ROW", (False, True), "full",
+             "one program per (token, column block) instead of a program walking its row block by block"),
         Knob("DECODE_BLOCK_H", (256, 512, 1024, 2048, 4096), "decode", "columns copied per step (decode)"),
         Knob("DECODE_ROWS_PER_PROGRAM", (1, 2, 4), "decode", "tokens per program (decode)"),
         Knob("DECODE_NUM_WARPS", (1, 2, 4, 8), "decode", "warps per program (decode)"),
+        Knob("DECODE_SPLIT_ROW", (False, True), "decode", "as FULL_SPLIT_ROW, for decode"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
         return [
             OpportunitySpec("full_schedule", "Whole-row blocks and several tokens per program so the gather "
                             "streams at copy bandwidth", paths=("full",),
-                            knobs=("FULL_BLOCK_H", "FULL_ROWS_PER_PROGRAM", "FULL_NUM_WARPS")),
+                            knobs=("FULL_BLOCK_H", "FULL_ROWS_PER_PROGRAM", "FULL_NUM_WARPS", "FULL_SPLIT_ROW")),
             OpportunitySpec("decode_schedule", "Decode (1-256 rows) is launch-bound: split a row across programs "
                             "or pack rows", paths=("decode",),
-                            knobs=("DECODE_BLOCK_H", "DECODE_ROWS_PER_PROGRAM", "DECODE_NUM_WARPS")),
+                            knobs=("DECODE_BLOCK_H", "DECODE_ROWS_PER_PROGRAM", "DECODE_NUM_WARPS",
+                                   "DECODE_SPLIT_ROW")),
             OpportunitySpec("fuse_first_norm", "Fuse the gather into the first layer's RMSNorm (the norm's "
                             "reduction contract then applies to both paths)"),
         ]

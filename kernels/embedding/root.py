@@ -12,43 +12,58 @@ KNOBS = {
     "FULL_BLOCK_H": 1024,
     "FULL_ROWS_PER_PROGRAM": 1,
     "FULL_NUM_WARPS": 4,
+    "FULL_SPLIT_ROW": False,
     "DECODE_BLOCK_H": 1024,
     "DECODE_ROWS_PER_PROGRAM": 1,
     "DECODE_NUM_WARPS": 4,
+    "DECODE_SPLIT_ROW": False,
 }
 
 
 @triton.jit
-def _gather_row(ids_ptr, w_ptr, y_ptr, row, H, BLOCK_H: tl.constexpr):
+def _gather_row(ids_ptr, w_ptr, y_ptr, row, H, lo, hi, BLOCK_H: tl.constexpr):
+    """Columns [lo, hi) of one row, BLOCK_H at a time."""
     tok = tl.load(ids_ptr + row).to(tl.int64)
     cols = tl.arange(0, BLOCK_H)
-    for off in range(0, H, BLOCK_H):
+    for off in range(lo, hi, BLOCK_H):
         c = off + cols
         m = c < H
         tl.store(y_ptr + row.to(tl.int64) * H + c, tl.load(w_ptr + tok * H + c, mask=m), mask=m)
 
 
 @triton.jit
-def _embedding_kernel(ids_ptr, w_ptr, y_ptr, n_rows, H, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr):
+def _embedding_kernel(ids_ptr, w_ptr, y_ptr, n_rows, H, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr,
+                      SPLIT_ROW: tl.constexpr):
+    # SPLIT_ROW: program axis 1 picks one column block, so a program issues a single load and store per row
+    # instead of walking the row (each step's load waits for the previous store: the pointers may alias).
     pid = tl.program_id(0)
+    if SPLIT_ROW:
+        lo = tl.program_id(1) * BLOCK_H
+        hi = lo + BLOCK_H
+    else:
+        lo = 0
+        hi = H
     for i in range(ROWS_PER_PROGRAM):
         row = pid * ROWS_PER_PROGRAM + i
         if row < n_rows:
-            _gather_row(ids_ptr, w_ptr, y_ptr, row, H, BLOCK_H)
+            _gather_row(ids_ptr, w_ptr, y_ptr, row, H, lo, hi, BLOCK_H)
 
 
-def _launch(ids, weight, out, block, rows_per_program, num_warps):
+def _launch(ids, weight, out, path):
     n_rows = ids.numel()
     H = weight.shape[1]
-    _embedding_kernel[(triton.cdiv(n_rows, rows_per_program),)](
-        ids, weight, out, n_rows, H, ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block, num_warps=num_warps)
+    block, rows_per_program = KNOBS[path + "_BLOCK_H"], KNOBS[path + "_ROWS_PER_PROGRAM"]
+    split = KNOBS[path + "_SPLIT_ROW"]
+    grid = (triton.cdiv(n_rows, rows_per_program), triton.cdiv(H, block) if split else 1)
+    _embedding_kernel[grid](ids, weight, out, n_rows, H, ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block,
+                            SPLIT_ROW=split, num_warps=KNOBS[path + "_NUM_WARPS"])
 
 
 def embedding_full(ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
     """All tokens of a packed batch: ids [tokens] (int32/int64), weight [vocab, hidden] -> out [tokens, hidden]."""
-    _launch(ids, weight, out, KNOBS["FULL_BLOCK_H"], KNOBS["FULL_ROWS_PER_PROGRAM"], KNOBS["FULL_NUM_WARPS"])
+    _launch(ids, weight, out, "FULL")
 
 
 def embedding_decode(ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:
     """One token per sequence: ids [batch]; identical bytes to embedding_full's rows."""
-    _launch(ids, weight, out, KNOBS["DECODE_BLOCK_H"], KNOBS["DECODE_ROWS_PER_PROGRAM"], KNOBS["DECODE_NUM_WARPS"])
+    _launch(ids, weight, out, "DECODE")

@@ -15,6 +15,8 @@ def test_root_passes_all_cases_two_seeds():
 @pytest.mark.parametrize("knobs", [
     {"FULL_BLOCK_H": 256, "FULL_ROWS_PER_PROGRAM": 8, "DECODE_BLOCK_H": 4096},
     {"FULL_BLOCK_H": 4096, "DECODE_ROWS_PER_PROGRAM": 4, "DECODE_NUM_WARPS": 1},
+    {"FULL_SPLIT_ROW": True, "FULL_BLOCK_H": 256, "FULL_ROWS_PER_PROGRAM": 2, "DECODE_SPLIT_ROW": True,
+     "DECODE_BLOCK_H": 512},
 ])
 def test_knob_variants_pass(knobs):
     assert R.failures(FAM, R.load_with_knobs(FAM, **knobs)) == []
@@ -22,7 +24,7 @@ def test_knob_variants_pass(knobs):
 
 def test_decode_mismatch_is_caught():
     src = FAM.root_source()
-    old = 'KNOBS["DECODE_BLOCK_H"], KNOBS["DECODE_ROWS_PER_PROGRAM"]'
+    old = '_launch(ids, weight, out, "DECODE")'
     assert src.count(old) == 1
     # A decode path that stops one column short of the row leaves poison behind.
     mutant = src.replace("def embedding_decode(ids: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> None:",
