@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_grid | attention_full | campaign_attention |
-# model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE), each under its own
+# model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -58,6 +58,9 @@ while [ $# -gt 0 ]; do
     routing_variants) v=$1; shift  # a moe_routing sweep from a JSON list of knob changes, each bit-checked first
       timeout 240 python3 benchmarks/ops_matmul_gpu.py --families moe_routing --compile-routing \
         --routing-variants "$v" --budget-s 200 --out "$OUT/routing_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
+    rowwise) f=$1; shift  # row-wise families' checks and peers; OPS_KNOBS='{"family": {knob: value}}' changes the root
+      timeout 300 python3 benchmarks/ops_rowwise_gpu.py --families "$f" ${OPS_KNOBS:+--knobs "$OPS_KNOBS"} \
+        --out "$OUT" 2>&1 | tail -40 ;;
     ops) f=$1; shift
       timeout 300 python3 benchmarks/ops_gpu.py --families "$f" --out "$OUT" 2>&1 | tail -40 ;;
     campaign_attention)  # the knob search on six grid cells (see campaign below)

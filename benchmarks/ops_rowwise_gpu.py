@@ -348,10 +348,10 @@ def gpu_consistency(family: str, fam, impl) -> dict:
     return {"checks": n, "cases": len(cases), "failed": failed}
 
 
-def bench_family(family: str, liger, all_workloads: bool) -> dict:
+def bench_family(family: str, liger, all_workloads: bool, changes: dict | None = None) -> dict:
     fam = importlib.import_module(f"kernels.{family}").FAMILY
     fam_mod = importlib.import_module(f"kernels.{family}.family")
-    impl = load_root(family)
+    impl = load_variant(family, changes) if changes else load_root(family)
     res: dict = {"knobs": dict(impl.KNOBS)}
     t0 = time.time()
     res["consistency"] = gpu_consistency(family, fam, impl)
@@ -402,7 +402,8 @@ def bench_family(family: str, liger, all_workloads: bool) -> dict:
     return res
 
 
-def run(families, out_dir: Path, all_workloads: bool = False, budget_s: float = 1e9) -> dict:
+def run(families, out_dir: Path, all_workloads: bool = False, budget_s: float = 1e9,
+        knobs: dict | None = None) -> dict:
     BUDGET["deadline"] = time.time() + budget_s
     torch.manual_seed(0)
     liger = load_liger()
@@ -416,7 +417,7 @@ def run(families, out_dir: Path, all_workloads: bool = False, budget_s: float = 
     for fam in families:
         t0 = time.time()
         try:
-            result["families"][fam] = bench_family(fam, liger, all_workloads)
+            result["families"][fam] = bench_family(fam, liger, all_workloads, (knobs or {}).get(fam))
         except Exception:  # noqa: BLE001
             result["families"][fam] = {"error": traceback.format_exc()[-2000:]}
         result["families"][fam]["wall_s"] = round(time.time() - t0, 1)
@@ -475,6 +476,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU + TRITON_INTERPRET=1 over workloads/<family>_cpu.yaml: exercises the code, not speed")
     ap.add_argument("--budget-s", type=float, default=1e9, help="past this many seconds skip compile/Liger")
+    ap.add_argument("--knobs", type=json.loads, default=None,
+                    help='JSON {family: {knob: value}}: check and time these changes to the root instead')
     args = ap.parse_args(argv)
     fams = [f for f in args.families.split(",") if f] or list(FAMILIES)
     if args.dry_run:
@@ -484,7 +487,7 @@ def main(argv=None) -> int:
     if args.sweep:
         sweep(fams, out)
     else:
-        run(fams, out, args.all_workloads, args.budget_s)
+        run(fams, out, args.all_workloads, args.budget_s, args.knobs)
     return 0
 
 
