@@ -16,7 +16,7 @@ KNOBS = {
     "DECODE_BLOCK_H": 1024,
     "DECODE_ROWS_PER_PROGRAM": 1,
     "DECODE_NUM_WARPS": 4,
-    "DECODE_SPLIT_ROW": False,
+    "DECODE_SPLIT_ROW": True,
 }
 
 

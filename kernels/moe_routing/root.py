@@ -43,11 +43,11 @@ KNOBS = {
     "FULL_TILES_PER_PROGRAM": 1,
     "FULL_NUM_STAGES": 1,
     "FULL_PREFETCH": False,
-    "FULL_STAGE_KEYS": "auto",
+    "FULL_STAGE_KEYS": "off",
     "DECODE_TILES_PER_PROGRAM": 1,
     "DECODE_NUM_STAGES": 1,
     "DECODE_PREFETCH": False,
-    "DECODE_STAGE_KEYS": "auto",
+    "DECODE_STAGE_KEYS": "off",
 }
 
 

@@ -14,7 +14,7 @@ def test_root_passes_all_cases_two_seeds():
 
 @pytest.mark.parametrize("knobs", [
     {"FULL_BLOCK_H": 256, "FULL_ROWS_PER_PROGRAM": 8, "DECODE_BLOCK_H": 4096},
-    {"FULL_BLOCK_H": 4096, "DECODE_ROWS_PER_PROGRAM": 4, "DECODE_NUM_WARPS": 1},
+    {"FULL_BLOCK_H": 4096, "DECODE_ROWS_PER_PROGRAM": 4, "DECODE_NUM_WARPS": 1, "DECODE_SPLIT_ROW": False},
     {"FULL_SPLIT_ROW": True, "FULL_BLOCK_H": 256, "FULL_ROWS_PER_PROGRAM": 2, "DECODE_SPLIT_ROW": True,
      "DECODE_BLOCK_H": 512},
 ])

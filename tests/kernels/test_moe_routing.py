@@ -32,8 +32,8 @@ def test_root_passes_all_cases():
     {"RENORM_FROM": "logits"},  # no row sum: renormalised exp(x - m) of the chosen experts
     # the next tile loaded before this one is routed; tile counts that do not divide by tiles per program
     {"FULL_TILES_PER_PROGRAM": 3, "FULL_PREFETCH": True, "DECODE_TILES_PER_PROGRAM": 2, "DECODE_PREFETCH": True},
-    {"BLOCK_T": 8, "FULL_STAGE_KEYS": "off"},  # keys staged in decode only
-    {"BLOCK_T": 8, "DECODE_STAGE_KEYS": "off"},
+    {"BLOCK_T": 8, "FULL_STAGE_KEYS": "auto"},  # keys staged (round trip through the ids) in the full path only
+    {"BLOCK_T": 8, "DECODE_STAGE_KEYS": "auto"},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
