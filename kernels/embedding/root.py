@@ -1,7 +1,8 @@
 """Unified token embedding: out[t] = weight[ids[t]] (bf16 gather; an exact copy).
 
 Both entry points call one @triton.jit row copy; nothing is computed, so any tiling gives identical
-bytes. The paths differ only in rows per program, column block and warps.
+bytes. The paths differ only in rows per program, column block, warps and whether a program walks its
+row or takes one column block of it (SPLIT_ROW).
 """
 
 import torch

@@ -7,7 +7,7 @@ Bitwise agreement between paths holds because both call `_route_tile` with the s
 BLOCK_T rows per tile, NUM_WARPS and EXPERT_GROUP fix the tile's shape and layout and so the order of the
 softmax row sum; SELECT fixes how the k experts are chosen. Row max, the top-k selection and the slot-order sum
 of the selected weights are exact or sequential, independent of layout. The paths differ only in tiles per
-program and pipelining.
+program, prefetching, pipelining and whether the chosen keys are staged through memory (an exact round trip).
 
 Selection (SELECT):
 - "rounds": k rounds of (max probability, then the lowest expert holding it) over the fp32 probabilities.

@@ -2,9 +2,9 @@
 
 Both entry points call one @triton.jit helper for the per-element arithmetic, so FMA contraction and the
 exp lowering are the same in both paths. By default silu(gate) is rounded to bf16 before the multiply,
-as the model's eager `F.silu(gate) * up` does in bf16. Tiling (rows per program, column block, warps,
-stages) is free per path: there is no reduction. gate and up may be strided views (e.g. the two halves of
-a fused gate_up projection) with unit column stride.
+as the model's eager `F.silu(gate) * up` does in bf16. Tiling (rows per program, column block, warps, grid
+order, cache hints) is free per path: there is no reduction. gate and up may be strided views (e.g. the two
+halves of a fused gate_up projection) with unit column stride.
 """
 
 import torch
