@@ -254,7 +254,7 @@ def bench_linear(full_ms, decode_ms):
                         times.pop(key, None)
                         RESULTS["errors"].append({"section": f"linear {key}", "error": repr(e)[:300]})
                         continue
-                    times.setdefault(("decode" if decode else "full", cname, chunk), {})[wl] = t / t_cublas
+                    times.setdefault(key, {})[wl] = t / t_cublas
                     record("linear", wl, ("decode:" if decode else "full:") + tag(knobs), t,
                            tflops=flops / t / 1e12, vs_cublas=t / t_cublas,
                            bw_TBps=((m + n) * k * 2 + m * n * 2) / t / 1e12,

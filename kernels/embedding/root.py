@@ -36,7 +36,8 @@ def _gather_row(ids_ptr, w_ptr, y_ptr, row, H, lo, hi, BLOCK_H: tl.constexpr):
 def _embedding_kernel(ids_ptr, w_ptr, y_ptr, n_rows, H, ROWS_PER_PROGRAM: tl.constexpr, BLOCK_H: tl.constexpr,
                       SPLIT_ROW: tl.constexpr):
     # SPLIT_ROW: program axis 1 picks one column block, so a program issues a single load and store per row
-    # instead of walking the row (each step's load waits for the previous store: the pointers may alias).
+    # instead of walking the row (the compiler cannot move a step's load above the previous step's store: it
+    # cannot prove the table and the output do not alias).
     pid = tl.program_id(0)
     if SPLIT_ROW:
         lo = tl.program_id(1) * BLOCK_H
