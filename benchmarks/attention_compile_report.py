@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     decode = compile_sm90(mod._decode_kernel, DECODE_SIG, {
         "HEAD_D": args.head_dim, "BLOCK_M": block_m, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split,
         "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
-        "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl", "WRITE32": False},
+        "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
+        "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "WRITE32": False},
         kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
     print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode}, indent=1))
     return 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
-# measurements named in $@ (attention VARIANTS_JSON | attention_grid | attention_full | campaign_attention |
+# measurements named in $@ (attention VARIANTS_JSON | attention_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
 # model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
@@ -32,10 +32,28 @@ campaign() {
 while [ $# -gt 0 ]; do
   step=$1; shift
   case $step in
-    attention) v=$1; shift
+    attention) v=$1; shift  # ATTN_ARGS passes more flags (e.g. "--grid --decode-only")
       timeout $(( ${ATTN_BUDGET_S:-330} + 50 )) python3 benchmarks/attention_gpu.py --variants-json "$v" \
-        --budget-s ${ATTN_BUDGET_S:-330} ${ATTN_CHECK:+--check-variants $ATTN_CHECK} \
+        --budget-s ${ATTN_BUDGET_S:-330} ${ATTN_CHECK:+--check-variants $ATTN_CHECK} ${ATTN_ARGS:-} \
         --out "$OUT/attention_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
+    attention_ncu) v=$1; cells=$2; shift 2  # decode launches of some variants under Nsight Compute
+      rep=/tmp/decode_ncu; order="$OUT/decode_ncu_order.json"
+      timeout 300 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section SourceCounters -f -o $rep python3 benchmarks/attention_decode_profile.py run \
+        --variants-json "$v" --cells "$cells" --order "$order" 2>&1 | tail -12
+      ncu --import $rep.ncu-rep --page details --csv > /tmp/decode_ncu_details.csv 2>/dev/null
+      : > /tmp/decode_ncu_sass.csv
+      n=$(python3 -c "import json; print(len(json.load(open('$order'))))" 2>/dev/null || echo 0)
+      for i in $(seq 0 $(( n - 1 ))); do
+        echo "#kernel $(python3 -c "import json; print(json.load(open('$order'))[$i])")" >> /tmp/decode_ncu_sass.csv
+        ncu --import $rep.ncu-rep --page source --csv --print-source sass -k regex:^_decode_kernel \
+          --launch-skip $i --launch-count 1 >> /tmp/decode_ncu_sass.csv 2>&1
+      done
+      python3 benchmarks/attention_decode_profile.py summarize --details /tmp/decode_ncu_details.csv \
+        --sass /tmp/decode_ncu_sass.csv --order "$order" --out "$OUT/decode_ncu.json" 2>&1 | tail -5
+      gzip -c /tmp/decode_ncu_details.csv > "$OUT/decode_ncu_details.csv.gz"
+      gzip -c /tmp/decode_ncu_sass.csv > "$OUT/decode_ncu_sass.csv.gz" ;;
     attention_grid)  # every cell of the paper grid, root and the Hopper variants (variants/attention_grid.json), with per-phase geomeans
       timeout 580 python3 benchmarks/attention_gpu.py --grid --variants-json benchmarks/variants/attention_grid.json \
         --check-variants hopper --budget-s 540 --out "$OUT/attention_grid.json" 2>&1 | tail -70 ;;

@@ -216,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grid", action="store_true",
                     help="time every cell of workloads/attention_grid.yaml (48) and report per-phase geomeans "
                          "against the peers")
+    ap.add_argument("--decode-only", action="store_true", help="time the decode cells only (no prefill cells)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("tik-evo bench attention needs a CUDA GPU", file=sys.stderr)
@@ -296,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         cells = [PREFILL_CELLS[0], PREFILL_CELLS[2], PREFILL_CELLS[4], PREFILL_CELLS[6]]
     if args.grid:
         cells = grid_prefill
+    if args.decode_only:
+        cells = []
     for phase, B, S in cells:
         if left() < 25:
             report["skipped"].append(f"{phase} B{B} S{S}")

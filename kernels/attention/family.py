@@ -87,6 +87,10 @@ class AttentionFamily(Family):
         Knob("DECODE_MERGE_LAUNCH", ("plain", "pdl"), "decode",
              "launch decode's merge after the chunk kernel (plain) or early with programmatic dependent launch, "
              "waiting on the chunk grid inside the kernel (pdl; GPU only, the interpreter runs plain)"),
+        Knob("DECODE_FINISH_SINGLE", (False, True), "decode",
+             "a sequence whose context fits one split chunk is normalised and stored by its chunk program (the "
+             "merge's own element-wise steps from the empty state); the merge skips it, and is not launched at all "
+             "when the whole cache fits one chunk"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -117,7 +121,7 @@ class AttentionFamily(Family):
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),
-                            knobs=("DECODE_MERGE_LAUNCH", "DECODE_KV_LOADS")),
+                            knobs=("DECODE_MERGE_LAUNCH", "DECODE_KV_LOADS", "DECODE_FINISH_SINGLE")),
             OpportunitySpec("decode_memory", "Decode is bound by reading K/V once: wider vector loads, fewer "
                             "partials written, the merge folded into the last chunk's program (same fixed order)",
                             paths=("decode",)),

@@ -35,6 +35,7 @@ KNOBS = {
     "DECODE_CHUNK_LOOP": "nested",
     "DECODE_KV_LOADS": "pointer",
     "DECODE_MERGE_LAUNCH": "plain",
+    "DECODE_FINISH_SINGLE": False,
 }
 
 LOG2E = 1.4426950408889634
@@ -242,7 +243,7 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
 def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr,
-                   TMA: tl.constexpr, PDL: tl.constexpr, WRITE32: tl.constexpr):
+                   TMA: tl.constexpr, PDL: tl.constexpr, FINISH_SINGLE: tl.constexpr, WRITE32: tl.constexpr):
     """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile."""
     if PDL:
         gdc_launch_dependents()  # the merge launch may start now; it waits for this grid before reading
@@ -269,11 +270,7 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
     n_full = (n // BLOCK_N) * BLOCK_N  # blocks below hold valid keys only; the cache past n may hold anything
     if SPLIT == 0:
         acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
-        o = _finish(acc, l_i)
-        io = qrow[:, None] * HEAD_D + offs_d[None, :]
-        tl.store(O + io, o.to(tl.bfloat16), mask=row_ok[:, None])
-        if WRITE32:
-            tl.store(O32 + io, o, mask=row_ok[:, None])
+        _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
     else:
         c_lo = g * CHUNKS_PER_PROGRAM
         c_hi = tl.minimum(c_lo + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
@@ -282,6 +279,8 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
             # This program's whole chunks (every key valid) as one loop nest the compiler flattens into one
             # software pipeline; the partial last chunk of the sequence, if it is ours, goes below.
             c_whole = tl.maximum(tl.minimum(c_hi, n_full // SPLIT), c_lo)
+            if FINISH_SINGLE:
+                c_whole = tl.where(n <= SPLIT, c_lo, c_whole)  # a single chunk is finished in the loop below
             for c in tl.range(c_lo, c_whole, flatten=True):
                 acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
                 acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, c * SPLIT, c * SPLIT + SPLIT, n, row_limit, qk_scale,
@@ -292,7 +291,22 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
             lo = c * SPLIT
             acc, m_i, l_i = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
                                    BLOCK_M, HEAD_D, BLOCK_N, TMA)
-            _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
+            if FINISH_SINGLE and n <= SPLIT:
+                # The sequence's only chunk: fold it into the empty state and normalise here, the same
+                # element-wise steps the merge launch would take (which skips this sequence).
+                f_acc, f_m, f_l = _fresh(BLOCK_M, HEAD_D)
+                f_m, f_l, f_acc = _merge(f_m, f_l, f_acc, m_i, l_i, acc, qk_scale)
+                _store_out(O, O32, qrow, offs_d, row_ok, _finish(f_acc, f_l), HEAD_D, WRITE32)
+            else:
+                _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
+
+
+@triton.jit
+def _store_out(O, O32, qrow, offs_d, ok, o, HEAD_D: tl.constexpr, WRITE32: tl.constexpr):
+    io = qrow[:, None] * HEAD_D + offs_d[None, :]
+    tl.store(O + io, o.to(tl.bfloat16), mask=ok[:, None])
+    if WRITE32:
+        tl.store(O32 + io, o, mask=ok[:, None])
 
 
 @triton.jit
@@ -313,7 +327,7 @@ def _load_partial(M_WS, L_WS, ACC_WS, ws, offs_d, ok, HEAD_D: tl.constexpr):
 @triton.jit
 def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                          HEAD_D: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-                         WRITE32: tl.constexpr):
+                         FINISH_SINGLE: tl.constexpr, WRITE32: tl.constexpr):
     """Fold the chunk partials of one KV head's query heads in ascending chunk order."""
     pid = tl.program_id(0)
     b = pid // HKV
@@ -324,11 +338,11 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
     rows = tl.arange(0, ROWS)
     offs_d = tl.arange(0, HEAD_D)
     qrow = b * HQ + hk * GROUP + rows
-    row_ok = rows < GROUP
-    acc = tl.zeros([ROWS, HEAD_D], dtype=tl.float32)
-    m_i = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([ROWS], dtype=tl.float32)
     n_chunks = tl.cdiv(n, SPLIT)
+    if FINISH_SINGLE:
+        n_chunks = tl.where(n_chunks == 1, 0, n_chunks)  # finished by its chunk program: nothing to do here
+    row_ok = (rows < GROUP) & (n_chunks > 0)
+    acc, m_i, l_i = _fresh(ROWS, HEAD_D)
     ws = qrow.to(tl.int64) * N_CHUNKS
     for c in range(0, n_chunks, 4):
         # Four independent loads in flight; chunks past the end load as the empty state (an exact identity).
@@ -340,11 +354,7 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
         m_i, l_i, acc = _merge(m_i, l_i, acc, m1, l1, a1, qk_scale)
         m_i, l_i, acc = _merge(m_i, l_i, acc, m2, l2, a2, qk_scale)
         m_i, l_i, acc = _merge(m_i, l_i, acc, m3, l3, a3, qk_scale)
-    o = _finish(acc, l_i)
-    io = qrow[:, None] * HEAD_D + offs_d[None, :]
-    tl.store(O + io, o.to(tl.bfloat16), mask=row_ok[:, None])
-    if WRITE32:
-        tl.store(O32 + io, o, mask=row_ok[:, None])
+    _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
 
 
 def _qk_scale(sm_scale: float) -> float:
@@ -400,6 +410,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     qk_scale = _qk_scale(sm_scale)
     # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
     pdl = bool(split) and KNOBS["DECODE_MERGE_LAUNCH"] == "pdl" and q.is_cuda
+    finish_single = bool(split) and KNOBS["DECODE_FINISH_SINGLE"]
     if split:
         n_chunks = triton.cdiv(s_cap, split)
         if cpp == 0:  # "auto": the fewest programs that still give every SM two (which program computes a
@@ -419,11 +430,13 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, B * HKV * s_cap, n_chunks, qk_scale,
         HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
         CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"], TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
-        WRITE32=out32 is not None, num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
+        FINISH_SINGLE=finish_single, WRITE32=out32 is not None, num_warps=KNOBS["DECODE_NUM_WARPS"],
+        num_stages=KNOBS["DECODE_NUM_STAGES"],
     )
-    if split:
+    if split and not (finish_single and n_chunks == 1):  # a cache of one chunk: every sequence finished above
         _decode_merge_kernel[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
-            HEAD_D=D, ROWS=max(16, triton.next_power_of_2(group)), SPLIT=split, PDL=pdl, WRITE32=out32 is not None,
-            num_warps=4, **({"launch_pdl": True} if pdl else {}),
+            HEAD_D=D, ROWS=max(16, triton.next_power_of_2(group)), SPLIT=split, PDL=pdl,
+            FINISH_SINGLE=finish_single, WRITE32=out32 is not None, num_warps=4,
+            **({"launch_pdl": True} if pdl else {}),
         )

@@ -6,7 +6,8 @@ no split-K chosen by shape, no atomics, and one epilogue. `tl.dot` gives the sam
 BLOCK_N / warps / stages (measured on Hopper), so those follow the path.
 
 An optional fixed K split (K_CHUNK, contract): K is cut into chunks of K_CHUNK columns at the same absolute
-boundaries for every M (only for weights with K >= K_CHUNK_MIN_K: a property of the weight, never of M);
+boundaries for every M (only for weights with K >= K_CHUNK_MIN_K: a property of the weight, never of M; weights
+with K <= K_CHUNK, which that split would leave whole, may take chunks of K_CHUNK_SHORT instead);
 each chunk starts from a zero accumulator and the chunk results are added to a zero
 total in ascending order by `_merge`. The full path does that inside one program (one loop copy per chunk, or
 one flat loop that folds at chunk boundaries: *_CHUNK_LOOP); decode may run the chunks as parallel programs
@@ -51,6 +52,7 @@ KNOBS = {
     "DECODE_SPLIT_MAX_M": 0,
     "DECODE_FULL_TILES_MIN_PROGRAMS": 96,
     "K_CHUNK_MIN_K": 0,
+    "K_CHUNK_SHORT": 0,
     "FULL_SHORT_K": 4096,
     "FULL_SHORT_K_NUM_STAGES": 3,
     "DECODE_SPLIT_MAX_TILES": 0,
@@ -253,7 +255,11 @@ def _tma_ok(x, weight):
 
 def _k_chunk(K):
     # Contract: the K split depends on the weight's K only (never on the rows); short reductions stay whole.
-    return KNOBS["K_CHUNK"] if KNOBS["K_CHUNK"] and KNOBS["K_CHUNK_MIN_K"] <= K else 0
+    if not KNOBS["K_CHUNK"] or KNOBS["K_CHUNK_MIN_K"] > K:
+        return 0
+    if KNOBS["K_CHUNK"] >= K and KNOBS["K_CHUNK_SHORT"]:
+        return KNOBS["K_CHUNK_SHORT"]  # weights K_CHUNK would leave whole get narrower chunks of their own
+    return KNOBS["K_CHUNK"]
 
 
 def _schedule(M, N, K, path):

@@ -109,6 +109,17 @@ def test_decode_programs_owning_several_chunks_agree(loop):
     assert not failed(results), failed(results)
 
 
+@pytest.mark.parametrize("split,loop", [(64, "nested"), (64, "flatten"), (128, "nested")])
+def test_decode_finishing_single_chunk_sequences_agrees(split, loop):
+    # Contexts of 1..70 keys: with 64-token chunks the short ones are finished by their chunk program and the
+    # long ones merged (one batch holds both); with 128 every sequence fits one chunk and no merge is launched.
+    src = with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=split, BLOCK_M=64, DECODE_FINISH_SINGLE=True,
+                     DECODE_CHUNKS_PER_PROGRAM=0 if loop == "flatten" else 1, DECODE_CHUNK_LOOP=loop)
+    results = FAMILY.run_checks(load(src), SMALL, 4, "cpu")
+    assert len(results) >= 15
+    assert not failed(results), failed(results)
+
+
 # Knob combinations the search may choose: path-only knobs from the legal space; contract knobs scaled down so
 # that the tiny CPU shapes still cross block and chunk edges (the legal splits are >= 256 tokens).
 _rng = random.Random(0)

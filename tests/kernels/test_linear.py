@@ -43,6 +43,8 @@ def test_knob_variants_pass(knobs):
     # n = 80 in 16-column small tiles: 5 tiles, so chunks fold in-program at 4 and run in parallel at 8.
     {"K_CHUNK": 512, "DECODE_SPLIT_MAX_TILES": 4, "DECODE_SMALL_BLOCK_N": 16, "DECODE_CHUNK_LOOP": "unrolled"},
     {"K_CHUNK": 512, "DECODE_SPLIT_MAX_TILES": 8, "DECODE_SMALL_BLOCK_N": 16, "FULL_CHUNK_LOOP": "flat"},
+    # k = 1088 <= K_CHUNK takes the short chunks (512, 512, 64), k = 200 < K_CHUNK_MIN_K stays whole.
+    {"K_CHUNK": 2048, "K_CHUNK_SHORT": 512, "K_CHUNK_MIN_K": 1024, "FULL_CHUNK_LOOP": "flat"},
 ])
 def test_unrolled_decode_variants_pass(knobs):
     # k = 200: 4 tiles, the last one partial (inside a group of 4, a leftover for 8); k = 1088: 17 tiles, groups
@@ -57,6 +59,7 @@ def test_unrolled_decode_variants_pass(knobs):
     ({"BLOCK_K": 64}, {"BLOCK_K": 32}),
     ({"K_CHUNK": 0}, {"K_CHUNK": 512}),
     ({"K_CHUNK": 512, "K_CHUNK_MIN_K": 4096}, {"K_CHUNK": 512}),
+    ({"K_CHUNK": 2048, "K_CHUNK_SHORT": 512}, {"K_CHUNK": 2048}),
 ])
 def test_contract_mismatch_is_caught(full_knobs, decode_knobs):
     impl = _family.split_paths(load("mf", **full_knobs), load("md", **decode_knobs))
@@ -126,3 +129,10 @@ def test_root_schedule_follows_the_launch_shape():
     assert one["parallel"] and one["bm"] == 16 and one["unroll"] == 4
     assert sch(4096, 2560, 9728, "FULL")["flat"] and sch(4096, 2560, 9728, "FULL")["stages"] == 5
     assert sch(4096, 6144, 2560, "FULL")["stages"] == 3 and sch(4096, 6144, 2560, "FULL")["n_chunks"] == 1
+
+
+def test_short_chunks_follow_the_weight_only():
+    impl = load("ks", K_CHUNK=4096, K_CHUNK_MIN_K=4096, K_CHUNK_SHORT=2048)
+    assert [impl._k_chunk(k) for k in (2560, 4096, 9728)] == [0, 2048, 4096]
+    for m in (1, 64, 256, 4096):  # the rows never change it
+        assert impl._schedule(m, 2560, 4096, "DECODE")["k_chunk"] == impl._schedule(m, 2560, 4096, "FULL")["k_chunk"]

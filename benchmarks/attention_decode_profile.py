@@ -1,0 +1,140 @@
+"""Where a decode program's time goes: the attention decode launches of some knob variants under Nsight Compute.
+
+    ncu --profile-from-start off --section WarpStateStats ... -o REPORT \
+        python3 benchmarks/attention_decode_profile.py run --variants-json F --cells 1x1024,16x8192 --order O.json
+    python3 benchmarks/attention_decode_profile.py summarize --details D.csv --sass S.csv --order O.json --out X.json
+
+`run` compiles and runs every (variant, cell) once outside the profiled window, then once more inside it
+(cudaProfilerStart/Stop), so the report holds exactly each one's chunk and merge launches, in the order it writes
+to --order. `summarize` reads the report's details page and per-instruction (SASS) page, both exported as CSV, into
+one JSON: per launch its duration and stall reasons, and the SASS lines with the most stall samples.
+`benchmarks/gpu_session.sh attention_ncu VARIANTS_JSON CELLS` does both in one device call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def run(args: argparse.Namespace) -> None:
+    try:
+        import tik_evo  # noqa: F401
+    except ImportError:  # the GPU image lacks the engine's packages: load only the modules the bench uses
+        pkg = types.ModuleType("tik_evo")
+        pkg.__path__ = [str(ROOT / "tik_evo")]
+        sys.modules["tik_evo"] = pkg
+    import torch
+
+    from kernels.attention.bench import HKV, HQ, D, load_variant
+
+    table = json.loads(Path(args.variants_json).read_text())
+    tmp = Path(tempfile.mkdtemp(prefix="attention_profile_"))
+    mods = {name: load_variant(name, changes, tmp)[0] for name, changes in table.items()}
+    cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    calls = []
+    for B, ctx in cells:
+        q = torch.randn((B, HQ, 1, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn((B, HKV, ctx, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn((B, HKV, ctx, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+        lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+        out = torch.empty((B, HQ, 1, D), device="cuda", dtype=torch.bfloat16)
+        for name, mod in mods.items():
+            calls.append((f"{name} B{B} ctx{ctx}", mod, (q, k, v, lens, 1 / math.sqrt(D), out)))
+    for _, mod, a in calls:  # compile and warm outside the profiled window
+        mod.decode(*a)
+        mod.decode(*a)
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for _, mod, a in calls:
+        mod.decode(*a)
+        torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    Path(args.order).write_text(json.dumps([c[0] for c in calls], indent=1))
+    print("profiled", [c[0] for c in calls])
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.startswith('"')]
+    return list(csv.DictReader(lines))
+
+
+def summarize(args: argparse.Namespace) -> None:
+    order = json.loads(Path(args.order).read_text())
+    launches: dict[str, dict] = {}
+    for r in _rows(Path(args.details)):
+        key = r.get("ID", "?")
+        entry = launches.setdefault(key, {"kernel": r.get("Kernel Name", "")[:60], "metrics": {}})
+        name = f'{r.get("Section Name", "")}: {r.get("Metric Name", "")} [{r.get("Metric Unit", "")}]'
+        entry["metrics"][name] = r.get("Metric Value", "")
+    # Chunk launches are the odd-numbered ones when every config also launched a merge; label by order.
+    labelled = {}
+    chunk_ids = [k for k, v in launches.items() if "_decode_kernel" in v["kernel"]]
+    for k, label in zip(chunk_ids, order, strict=False):
+        labelled[k] = label
+    for k, v in launches.items():
+        v["config"] = labelled.get(k, "")
+    report = {"launches": launches}
+    if args.sass and Path(args.sass).exists():
+        hot: dict[str, list] = {}
+        current = "?"
+        for line in Path(args.sass).read_text(errors="replace").splitlines():
+            if line.startswith("#kernel"):
+                current = line.split(" ", 1)[1]
+                hot[current] = []
+                continue
+            hot.setdefault(current, []).append(line)
+        top = {}
+        for kern, lines in hot.items():
+            rows = list(csv.DictReader([ln for ln in lines if ln.startswith('"')]))
+            if not rows:
+                continue
+            col = next((c for c in rows[0] if "Warp Stall Sampling (All" in c), None)
+            if col is None:
+                top[kern] = {"columns": list(rows[0])}
+                continue
+
+            def samples(r, col=col):
+                try:
+                    return float(r[col].replace(",", ""))
+                except ValueError:
+                    return 0.0
+            total = sum(samples(r) for r in rows)
+            best = sorted(rows, key=samples, reverse=True)[:40]
+            top[kern] = {"total_samples": total, "columns": list(rows[0]),
+                         "top": [{k: r[k] for k in r if k in ("Address", "Source", col) or "Stall" in k}
+                                 for r in best]}
+        report["sass_top"] = top
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(f"{len(launches)} launches summarised into {args.out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("--variants-json", required=True)
+    r.add_argument("--cells", default="1x1024,16x8192", help="BxCTX,... decode cells (32 q heads, 8 kv, d 128)")
+    r.add_argument("--order", required=True, help="JSON file listing the profiled configs in launch order")
+    s = sub.add_parser("summarize")
+    s.add_argument("--details", required=True)
+    s.add_argument("--sass", default=None)
+    s.add_argument("--order", required=True)
+    s.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    (run if args.cmd == "run" else summarize)(args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
