@@ -91,6 +91,11 @@ class AttentionFamily(Family):
              "a sequence whose context fits one split chunk is normalised and stored by its chunk program (the "
              "merge's own element-wise steps from the empty state); the merge skips it, and is not launched at all "
              "when the whole cache fits one chunk"),
+        Knob("DECODE_MERGE_ROWS", (1, 4, 16), "decode",
+             "least rows of the merge launch's tile (a KV head's query heads, padded to a power of two); the merge "
+             "is element-wise, so padding only costs registers and masked lanes"),
+        Knob("DECODE_MERGE_LOADS", (4, 8), "decode",
+             "chunk partials the merge loads at once before folding them one by one in ascending order"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -121,7 +126,8 @@ class AttentionFamily(Family):
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),
-                            knobs=("DECODE_MERGE_LAUNCH", "DECODE_KV_LOADS", "DECODE_FINISH_SINGLE")),
+                            knobs=("DECODE_MERGE_LAUNCH", "DECODE_KV_LOADS", "DECODE_FINISH_SINGLE",
+                                   "DECODE_MERGE_ROWS", "DECODE_MERGE_LOADS")),
             OpportunitySpec("decode_memory", "Decode is bound by reading K/V once: wider vector loads, fewer "
                             "partials written, the merge folded into the last chunk's program (same fixed order)",
                             paths=("decode",)),

@@ -36,6 +36,8 @@ KNOBS = {
     "DECODE_KV_LOADS": "pointer",
     "DECODE_MERGE_LAUNCH": "plain",
     "DECODE_FINISH_SINGLE": False,
+    "DECODE_MERGE_ROWS": 16,
+    "DECODE_MERGE_LOADS": 4,
 }
 
 LOG2E = 1.4426950408889634
@@ -325,9 +327,25 @@ def _load_partial(M_WS, L_WS, ACC_WS, ws, offs_d, ok, HEAD_D: tl.constexpr):
 
 
 @triton.jit
+def _load4(M_WS, L_WS, ACC_WS, ws, c, n_chunks, offs_d, ok, HEAD_D: tl.constexpr):
+    """Partials c .. c + 3 (the empty state past n_chunks) as one tuple."""
+    return (_load_partial(M_WS, L_WS, ACC_WS, ws + c, offs_d, ok & (c < n_chunks), HEAD_D),
+            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 1, offs_d, ok & (c + 1 < n_chunks), HEAD_D),
+            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 2, offs_d, ok & (c + 2 < n_chunks), HEAD_D),
+            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 3, offs_d, ok & (c + 3 < n_chunks), HEAD_D))
+
+
+@triton.jit
+def _fold4(m_i, l_i, acc, parts, qk_scale):
+    for j in tl.static_range(4):
+        m_i, l_i, acc = _merge(m_i, l_i, acc, parts[j][0], parts[j][1], parts[j][2], qk_scale)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                          HEAD_D: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-                         FINISH_SINGLE: tl.constexpr, WRITE32: tl.constexpr):
+                         FINISH_SINGLE: tl.constexpr, LOADS: tl.constexpr, WRITE32: tl.constexpr):
     """Fold the chunk partials of one KV head's query heads in ascending chunk order."""
     pid = tl.program_id(0)
     b = pid // HKV
@@ -344,16 +362,15 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
     row_ok = (rows < GROUP) & (n_chunks > 0)
     acc, m_i, l_i = _fresh(ROWS, HEAD_D)
     ws = qrow.to(tl.int64) * N_CHUNKS
-    for c in range(0, n_chunks, 4):
-        # Four independent loads in flight; chunks past the end load as the empty state (an exact identity).
-        m0, l0, a0 = _load_partial(M_WS, L_WS, ACC_WS, ws + c, offs_d, row_ok & (c < n_chunks), HEAD_D)
-        m1, l1, a1 = _load_partial(M_WS, L_WS, ACC_WS, ws + c + 1, offs_d, row_ok & (c + 1 < n_chunks), HEAD_D)
-        m2, l2, a2 = _load_partial(M_WS, L_WS, ACC_WS, ws + c + 2, offs_d, row_ok & (c + 2 < n_chunks), HEAD_D)
-        m3, l3, a3 = _load_partial(M_WS, L_WS, ACC_WS, ws + c + 3, offs_d, row_ok & (c + 3 < n_chunks), HEAD_D)
-        m_i, l_i, acc = _merge(m_i, l_i, acc, m0, l0, a0, qk_scale)
-        m_i, l_i, acc = _merge(m_i, l_i, acc, m1, l1, a1, qk_scale)
-        m_i, l_i, acc = _merge(m_i, l_i, acc, m2, l2, a2, qk_scale)
-        m_i, l_i, acc = _merge(m_i, l_i, acc, m3, l3, a3, qk_scale)
+    for c in range(0, n_chunks, LOADS):
+        # LOADS (4 or 8) independent partial loads in flight, folded one by one in ascending chunk order;
+        # chunks past the end load as the empty state (an exact identity of the merge).
+        p0 = _load4(M_WS, L_WS, ACC_WS, ws, c, n_chunks, offs_d, row_ok, HEAD_D)
+        if LOADS == 8:
+            p1 = _load4(M_WS, L_WS, ACC_WS, ws, c + 4, n_chunks, offs_d, row_ok, HEAD_D)
+        m_i, l_i, acc = _fold4(m_i, l_i, acc, p0, qk_scale)
+        if LOADS == 8:
+            m_i, l_i, acc = _fold4(m_i, l_i, acc, p1, qk_scale)
     _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
 
 
@@ -436,7 +453,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     if split and not (finish_single and n_chunks == 1):  # a cache of one chunk: every sequence finished above
         _decode_merge_kernel[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
-            HEAD_D=D, ROWS=max(16, triton.next_power_of_2(group)), SPLIT=split, PDL=pdl,
-            FINISH_SINGLE=finish_single, WRITE32=out32 is not None, num_warps=4,
+            HEAD_D=D, ROWS=max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group)), SPLIT=split, PDL=pdl,
+            FINISH_SINGLE=finish_single, LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=out32 is not None, num_warps=4,
             **({"launch_pdl": True} if pdl else {}),
         )

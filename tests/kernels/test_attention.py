@@ -120,6 +120,17 @@ def test_decode_finishing_single_chunk_sequences_agrees(split, loop):
     assert not failed(results), failed(results)
 
 
+@pytest.mark.parametrize("loads,rows", [(8, 1), (4, 4)])
+def test_merge_loading_several_partials_agrees(loads, rows):
+    # Contexts of up to 150 keys in 16-token chunks: up to ten partials, so an 8-wide merge folds a full group
+    # and a partial one; tiles of exactly the query heads (rows 1) or padded (4).
+    src = with_knobs(FAMILY.root_source(), BLOCK_N=16, SPLIT_TOKENS=16, BLOCK_M=64, DECODE_MERGE_LOADS=loads,
+                     DECODE_MERGE_ROWS=rows)
+    case = {"batch": 1, "q_heads": 2, "kv_heads": 1, "head_dim": 64, "prompt": 130, "answer": 20, "scale": 1.0}
+    results = FAMILY.run_checks(load(src), case, 5, "cpu")
+    assert not failed(results), failed(results)
+
+
 # Knob combinations the search may choose: path-only knobs from the legal space; contract knobs scaled down so
 # that the tiny CPU shapes still cross block and chunk edges (the legal splits are >= 256 tokens).
 _rng = random.Random(0)
