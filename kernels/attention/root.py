@@ -273,35 +273,42 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
     if SPLIT == 0:
         acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
         _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
+    elif FINISH_SINGLE and n <= SPLIT:
+        # The sequence's only chunk (program 0's): fold it into the empty state and normalise here, the merge
+        # launch's own element-wise steps (the merge skips this sequence).
+        if g == 0:
+            acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
+            f_acc, f_m, f_l = _fresh(BLOCK_M, HEAD_D)
+            f_m, f_l, f_acc = _merge(f_m, f_l, f_acc, m_i, l_i, acc, qk_scale)
+            _store_out(O, O32, qrow, offs_d, row_ok, _finish(f_acc, f_l), HEAD_D, WRITE32)
     else:
-        c_lo = g * CHUNKS_PER_PROGRAM
-        c_hi = tl.minimum(c_lo + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
-        ws_row = qrow.to(tl.int64) * N_CHUNKS
-        if CHUNK_LOOP == "flatten":
-            # This program's whole chunks (every key valid) as one loop nest the compiler flattens into one
-            # software pipeline; the partial last chunk of the sequence, if it is ours, goes below.
-            c_whole = tl.maximum(tl.minimum(c_hi, n_full // SPLIT), c_lo)
-            if FINISH_SINGLE:
-                c_whole = tl.where(n <= SPLIT, c_lo, c_whole)  # a single chunk is finished in the loop below
-            for c in tl.range(c_lo, c_whole, flatten=True):
-                acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
-                acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, c * SPLIT, c * SPLIT + SPLIT, n, row_limit, qk_scale,
-                                      HEAD_D, BLOCK_N, False, TMA)
-                _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
-            c_lo = c_whole
-        for c in range(c_lo, c_hi):
-            lo = c * SPLIT
-            acc, m_i, l_i = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
-                                   BLOCK_M, HEAD_D, BLOCK_N, TMA)
-            if FINISH_SINGLE and n <= SPLIT:
-                # The sequence's only chunk: fold it into the empty state and normalise here, the same
-                # element-wise steps the merge launch would take (which skips this sequence).
-                f_acc, f_m, f_l = _fresh(BLOCK_M, HEAD_D)
-                f_m, f_l, f_acc = _merge(f_m, f_l, f_acc, m_i, l_i, acc, qk_scale)
-                _store_out(O, O32, qrow, offs_d, row_ok, _finish(f_acc, f_l), HEAD_D, WRITE32)
-            else:
-                _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
+        _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS,
+                            N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA)
 
+
+@triton.jit
+def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS, N_CHUNKS,
+                        HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr):
+    """Decode program g's chunks of one sequence, each written as a partial for the merge launch."""
+    c_lo = g * CHUNKS_PER_PROGRAM
+    c_hi = tl.minimum(c_lo + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
+    ws_row = qrow.to(tl.int64) * N_CHUNKS
+    if CHUNK_LOOP == "flatten":
+        # This program's whole chunks (every key valid) as one loop nest the compiler flattens into one
+        # software pipeline; the partial last chunk of the sequence, if it is ours, goes below.
+        c_whole = tl.maximum(tl.minimum(c_hi, n_full // SPLIT), c_lo)
+        for c in tl.range(c_lo, c_whole, flatten=True):
+            acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
+            acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, c * SPLIT, c * SPLIT + SPLIT, n, row_limit, qk_scale,
+                                  HEAD_D, BLOCK_N, False, TMA)
+            _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
+        c_lo = c_whole
+    for c in range(c_lo, c_hi):
+        lo = c * SPLIT
+        acc, m_i, l_i = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
+                               BLOCK_M, HEAD_D, BLOCK_N, TMA)
+        _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
 
 @triton.jit
 def _store_out(O, O32, qrow, offs_d, ok, o, HEAD_D: tl.constexpr, WRITE32: tl.constexpr):
