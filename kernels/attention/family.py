@@ -88,9 +88,8 @@ class AttentionFamily(Family):
              "launch decode's merge after the chunk kernel (plain) or early with programmatic dependent launch, "
              "waiting on the chunk grid inside the kernel (pdl; GPU only, the interpreter runs plain)"),
         Knob("DECODE_FINISH_SINGLE", (False, True), "decode",
-             "a sequence whose context fits one split chunk is normalised and stored by its chunk program (the "
-             "merge's own element-wise steps from the empty state); the merge skips it, and is not launched at all "
-             "when the whole cache fits one chunk"),
+             "when the whole cache fits one split chunk, decode is one launch: each program folds its only chunk "
+             "into the empty state and normalises it (the merge's own element-wise steps), no merge launch"),
         Knob("DECODE_MERGE_ROWS", (1, 4, 16), "decode",
              "least rows of the merge launch's tile (a KV head's query heads, padded to a power of two); the merge "
              "is element-wise, so padding only costs registers and masked lanes"),

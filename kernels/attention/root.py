@@ -273,14 +273,13 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
     if SPLIT == 0:
         acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
         _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
-    elif FINISH_SINGLE and n <= SPLIT:
-        # The sequence's only chunk (program 0's): fold it into the empty state and normalise here, the merge
-        # launch's own element-wise steps (the merge skips this sequence).
-        if g == 0:
-            acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
-            f_acc, f_m, f_l = _fresh(BLOCK_M, HEAD_D)
-            f_m, f_l, f_acc = _merge(f_m, f_l, f_acc, m_i, l_i, acc, qk_scale)
-            _store_out(O, O32, qrow, offs_d, row_ok, _finish(f_acc, f_l), HEAD_D, WRITE32)
+    elif FINISH_SINGLE:
+        # The whole cache fits one chunk, so every sequence has exactly one: fold it into the empty state and
+        # normalise here, the merge launch's own element-wise steps (no merge is launched).
+        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
+        f_acc, f_m, f_l = _fresh(BLOCK_M, HEAD_D)
+        f_m, f_l, f_acc = _merge(f_m, f_l, f_acc, m_i, l_i, acc, qk_scale)
+        _store_out(O, O32, qrow, offs_d, row_ok, _finish(f_acc, f_l), HEAD_D, WRITE32)
     else:
         _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS,
                             N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA)
@@ -352,7 +351,7 @@ def _fold4(m_i, l_i, acc, parts, qk_scale):
 @triton.jit
 def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                          HEAD_D: tl.constexpr, ROWS: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr,
-                         FINISH_SINGLE: tl.constexpr, LOADS: tl.constexpr, WRITE32: tl.constexpr):
+                         LOADS: tl.constexpr, WRITE32: tl.constexpr):
     """Fold the chunk partials of one KV head's query heads in ascending chunk order."""
     pid = tl.program_id(0)
     b = pid // HKV
@@ -364,9 +363,7 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
     offs_d = tl.arange(0, HEAD_D)
     qrow = b * HQ + hk * GROUP + rows
     n_chunks = tl.cdiv(n, SPLIT)
-    if FINISH_SINGLE:
-        n_chunks = tl.where(n_chunks == 1, 0, n_chunks)  # finished by its chunk program: nothing to do here
-    row_ok = (rows < GROUP) & (n_chunks > 0)
+    row_ok = rows < GROUP
     acc, m_i, l_i = _fresh(ROWS, HEAD_D)
     ws = qrow.to(tl.int64) * N_CHUNKS
     for c in range(0, n_chunks, LOADS):
@@ -434,7 +431,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     qk_scale = _qk_scale(sm_scale)
     # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
     pdl = bool(split) and KNOBS["DECODE_MERGE_LAUNCH"] == "pdl" and q.is_cuda
-    finish_single = bool(split) and KNOBS["DECODE_FINISH_SINGLE"]
+    # A cache of at most one chunk: one launch (a shape choice; the bits are the merge's either way).
+    finish_single = bool(split) and KNOBS["DECODE_FINISH_SINGLE"] and s_cap <= split
     if split:
         n_chunks = triton.cdiv(s_cap, split)
         if cpp == 0:  # "auto": the fewest programs that still give every SM two (which program computes a
@@ -457,10 +455,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         FINISH_SINGLE=finish_single, WRITE32=out32 is not None, num_warps=KNOBS["DECODE_NUM_WARPS"],
         num_stages=KNOBS["DECODE_NUM_STAGES"],
     )
-    if split and not (finish_single and n_chunks == 1):  # a cache of one chunk: every sequence finished above
+    if split and not finish_single:
         _decode_merge_kernel[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
             HEAD_D=D, ROWS=max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group)), SPLIT=split, PDL=pdl,
-            FINISH_SINGLE=finish_single, LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=out32 is not None, num_warps=4,
+            LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=out32 is not None, num_warps=4,
             **({"launch_pdl": True} if pdl else {}),
         )

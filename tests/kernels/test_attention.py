@@ -109,13 +109,20 @@ def test_decode_programs_owning_several_chunks_agree(loop):
     assert not failed(results), failed(results)
 
 
-@pytest.mark.parametrize("split,loop", [(64, "nested"), (64, "flatten"), (128, "nested")])
-def test_decode_finishing_single_chunk_sequences_agrees(split, loop):
-    # Contexts of 1..70 keys: with 64-token chunks the short ones are finished by their chunk program and the
-    # long ones merged (one batch holds both); with 128 every sequence fits one chunk and no merge is launched.
-    src = with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=split, BLOCK_M=64, DECODE_FINISH_SINGLE=True,
+@pytest.mark.parametrize("loop", ["nested", "flatten"])
+def test_decode_of_a_one_chunk_cache_is_one_launch(loop):
+    # Contexts of 1..70 keys in caches that fit one 128-token chunk: each chunk program normalises its own
+    # chunk, and the merge kernel must not be launched at all (it raises here).
+    src = with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=128, BLOCK_M=64, DECODE_FINISH_SINGLE=True,
                      DECODE_CHUNKS_PER_PROGRAM=0 if loop == "flatten" else 1, DECODE_CHUNK_LOOP=loop)
-    results = FAMILY.run_checks(load(src), SMALL, 4, "cpu")
+    mod = load(src)
+
+    class NoMerge:
+        def __getitem__(self, grid):
+            raise AssertionError("merge launched for a one-chunk cache")
+
+    mod._decode_merge_kernel = NoMerge()
+    results = FAMILY.run_checks(mod, SMALL, 4, "cpu")
     assert len(results) >= 15
     assert not failed(results), failed(results)
 
