@@ -96,12 +96,12 @@ def summarize(args: argparse.Namespace) -> None:
             hot.setdefault(current, []).append(line)
         top = {}
         for kern, lines in hot.items():
-            rows = list(csv.DictReader([ln for ln in lines if ln.startswith('"')]))
+            rows = list(csv.DictReader([ln for ln in lines if ln.startswith('"') and not ln.startswith('"Kernel Name"')]))
             if not rows:
                 continue
-            col = next((c for c in rows[0] if "Warp Stall Sampling (All" in c), None)
+            col = next((c for c in rows[0] if c and "Warp Stall Sampling (All" in c), None)
             if col is None:
-                top[kern] = {"columns": list(rows[0])}
+                top[kern] = {"columns": [c for c in rows[0] if c]}
                 continue
 
             def samples(r, col=col):
@@ -111,9 +111,10 @@ def summarize(args: argparse.Namespace) -> None:
                     return 0.0
             total = sum(samples(r) for r in rows)
             best = sorted(rows, key=samples, reverse=True)[:40]
-            top[kern] = {"total_samples": total, "columns": list(rows[0]),
-                         "top": [{k: r[k] for k in r if k in ("Address", "Source", col) or "Stall" in k}
-                                 for r in best]}
+            top[kern] = {"total_samples": total,
+                         "instructions_executed": sum(int(r["Instructions Executed"].replace(",", "") or 0)
+                                                      for r in rows),
+                         "top": [{"Source": r["Source"].strip(), "samples": samples(r)} for r in best]}
         report["sass_top"] = top
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(f"{len(launches)} launches summarised into {args.out}")
