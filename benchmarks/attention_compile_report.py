@@ -27,6 +27,8 @@ PREFILL_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*
 DECODE_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "S_CAP": "i32", "TOTAL_ROWS": "i32",
               "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+MERGE_SIG = {"CTX": "*i32", "O": "*bf16", "O32": "*bf16", "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32",
+             "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +54,13 @@ def main(argv: list[str] | None = None) -> int:
         "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
         "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "WRITE32": False},
         kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
-    print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode}, indent=1))
+    group = 4  # 32 query / 8 KV heads
+    merge = compile_sm90(mod._decode_merge_kernel, MERGE_SIG, {
+        "HEAD_D": args.head_dim, "ROWS": max(kn["DECODE_MERGE_ROWS"], group), "SPLIT": split,
+        "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl", "LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
+        4, 1, ALIGNED)
+    print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode,
+                      "merge": merge}, indent=1))
     return 0
 
 

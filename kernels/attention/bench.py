@@ -47,6 +47,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The root's contract with the Hopper path knobs: what the knob campaign promoted (TMA loads, flattened
     # chunk loop) plus the early-launched merge.
     "hopper": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl"},
+    # The same with decode's merge knobs (one launch for a cache of one chunk, 8 partials loaded at once, the
+    # merge tile sized to the GQA group): what campaign 4 promoted from the root, here with the Hopper knobs.
+    "hopper_merge": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl",
+                     "DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1},
 }
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.

@@ -300,7 +300,9 @@ def test_root_and_hopper_knobs_compile_for_hopper():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     for knobs, tma in (({}, False), ({"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma",
                                       "DECODE_MERGE_LAUNCH": "pdl", "DECODE_CHUNKS_PER_PROGRAM": 0,
-                                      "DECODE_CHUNK_LOOP": "flatten"}, True)):
+                                      "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
+                                      "DECODE_MERGE_ROWS": 1}, True),
+                       ({"DECODE_FINISH_SINGLE": True}, False)):
         r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
                             "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -309,3 +311,4 @@ def test_root_and_hopper_knobs_compile_for_hopper():
             assert rep[path]["HGMMA"] > 0 and rep[path]["spill_store_bytes"] == 0, (knobs, path, rep[path])
             assert 0 < rep[path]["shared_bytes"] <= 227 * 1024
         assert (rep["prefill"]["UTMALDG"] > 0) == tma
+        assert rep["merge"]["LDG"] > 0 and rep["merge"]["spill_store_bytes"] == 0, rep["merge"]
