@@ -95,6 +95,12 @@ class AttentionFamily(Family):
              "is element-wise, so padding only costs registers and masked lanes"),
         Knob("DECODE_MERGE_LOADS", (4, 8), "decode",
              "chunk partials the merge loads at once before folding them one by one in ascending order"),
+        Knob("FULL_LAZY_RESCALE", (False, True), "full",
+             "skip the accumulator rescale of a KV block that moved no row's running max (the factor is exactly 1, "
+             "so the bits are the same); costs a tile-wide test per block"),
+        Knob("DECODE_LAZY_RESCALE", (False, True), "decode",
+             "the same in decode, where the max settles after a few blocks and the rescale is a sixth of a "
+             "block's instructions"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
