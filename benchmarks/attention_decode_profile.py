@@ -96,7 +96,8 @@ def summarize(args: argparse.Namespace) -> None:
             hot.setdefault(current, []).append(line)
         top = {}
         for kern, lines in hot.items():
-            rows = list(csv.DictReader([ln for ln in lines if ln.startswith('"') and not ln.startswith('"Kernel Name"')]))
+            rows = list(csv.DictReader([ln for ln in lines
+                                        if ln.startswith('"') and not ln.startswith('"Kernel Name"')]))
             if not rows:
                 continue
             col = next((c for c in rows[0] if c and "Warp Stall Sampling (All" in c), None)

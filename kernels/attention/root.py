@@ -74,7 +74,8 @@ def _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit,
 
 
 @triton.jit
-def _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N: tl.constexpr, MASK: tl.constexpr, LAZY: tl.constexpr):
+def _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+                LAZY: tl.constexpr):
     """One KV block for every row of the tile: the per-row arithmetic both paths share.
 
     `row_limit[r]` is one past the last key row r may see. MASK=False is only used for blocks every row sees
@@ -297,7 +298,8 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
 @triton.jit
 def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS, N_CHUNKS,
                         HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr, LAZY: tl.constexpr):
+                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr,
+                        LAZY: tl.constexpr):
     """Decode program g's chunks of one sequence, each written as a partial for the merge launch."""
     c_lo = g * CHUNKS_PER_PROGRAM
     c_hi = tl.minimum(c_lo + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
