@@ -122,12 +122,12 @@ class AttentionFamily(Family):
             OpportunitySpec("decode_schedule", "Tune the memory-bound decode launch: GQA packing, tile rows, warps, "
                             "pipelining and chunks per program", paths=("decode",),
                             knobs=("DECODE_PACK_GQA", "DECODE_BLOCK_M", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES",
-                                   "DECODE_CHUNKS_PER_PROGRAM", "DECODE_CHUNK_LOOP")),
+                                   "DECODE_CHUNKS_PER_PROGRAM", "DECODE_CHUNK_LOOP", "DECODE_LAZY_RESCALE")),
             OpportunitySpec("prefill_hopper", "Load K/V tiles with TMA tensor descriptors and let the compiler "
                             "flatten the split-KV chunk loop nest into one software pipeline; beyond the knobs, "
                             "warp-specialise loads and MMAs or make the prefill grid persistent. Keep the dot shapes, "
                             "block order and per-block arithmetic unchanged so decode still agrees", paths=("full",),
-                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP")),
+                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_LAZY_RESCALE")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -320,6 +320,7 @@ def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, 
                                BLOCK_M, HEAD_D, BLOCK_N, TMA, LAZY)
         _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
 
+
 @triton.jit
 def _store_out(O, O32, qrow, offs_d, ok, o, HEAD_D: tl.constexpr, WRITE32: tl.constexpr):
     io = qrow[:, None] * HEAD_D + offs_d[None, :]
@@ -441,10 +442,11 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     cpp = KNOBS["DECODE_CHUNKS_PER_PROGRAM"]
     o32 = out32 if out32 is not None else out
     qk_scale = _qk_scale(sm_scale)
-    # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
-    pdl = bool(split) and KNOBS["DECODE_MERGE_LAUNCH"] == "pdl" and q.is_cuda
     # A cache of at most one chunk: one launch (a shape choice; the bits are the merge's either way).
     finish_single = bool(split) and KNOBS["DECODE_FINISH_SINGLE"] and s_cap <= split
+    merge = bool(split) and not finish_single
+    # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
+    pdl = merge and KNOBS["DECODE_MERGE_LAUNCH"] == "pdl" and q.is_cuda
     if split:
         n_chunks = triton.cdiv(s_cap, split)
         if cpp == 0:  # "auto": the fewest programs that still give every SM two (which program computes a
@@ -453,11 +455,13 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
             cpp = 1
             while cpp < n_chunks and triton.cdiv(n_chunks, 2 * cpp) * programs >= 2 * _sm_count(q.device):
                 cpp *= 2
+    else:
+        n_chunks, cpp = 1, 1
+    if merge:
         m_ws = torch.empty((B * HQ * n_chunks,), dtype=torch.float32, device=q.device)
         l_ws = torch.empty_like(m_ws)
         acc_ws = torch.empty((B * HQ * n_chunks * D,), dtype=torch.float32, device=q.device)
-    else:
-        n_chunks, cpp = 1, 1
+    else:  # no partials: the slots are never read or written
         m_ws = l_ws = acc_ws = o32
     grid = (triton.cdiv(n_chunks, cpp), B * (HKV if pack else HQ))
     _decode_kernel[grid](
@@ -465,10 +469,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
         CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"], TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
         FINISH_SINGLE=finish_single, LAZY=KNOBS["DECODE_LAZY_RESCALE"], WRITE32=out32 is not None,
-        num_warps=KNOBS["DECODE_NUM_WARPS"],
-        num_stages=KNOBS["DECODE_NUM_STAGES"],
+        num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
     )
-    if split and not finish_single:
+    if merge:
         _decode_merge_kernel[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
             HEAD_D=D, ROWS=max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group)), SPLIT=split, PDL=pdl,

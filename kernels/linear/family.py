@@ -90,8 +90,8 @@ class LinearFamily(Family):
                             "to stream W at full bandwidth: cut K into fixed chunks (same absolute boundaries for "
                             "every M), run them as parallel programs in decode and merge in ascending order; the "
                             "full path reproduces the chunks in-program (joint)",
-                            knobs=("K_CHUNK", "K_CHUNK_MIN_K", "K_CHUNK_SHORT", "DECODE_SPLIT_PARALLEL", "DECODE_SPLIT_MAX_M",
-                                   "DECODE_SPLIT_MAX_TILES", "FULL_CHUNK_LOOP")),
+                            knobs=("K_CHUNK", "K_CHUNK_MIN_K", "K_CHUNK_SHORT", "DECODE_SPLIT_PARALLEL",
+                                   "DECODE_SPLIT_MAX_M", "DECODE_SPLIT_MAX_TILES", "FULL_CHUNK_LOOP")),
             OpportunitySpec("decode_row_mask", "Pointer-path decode wraps rows past M onto valid rows; at M = 1 every "
                             "row of the A tile is the same address, which ran 2x slower than the zero-filling TMA path "
                             "(H200). Mask the A rows (other=0) instead: valid rows keep their bits", paths=("decode",)),
