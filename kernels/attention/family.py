@@ -95,12 +95,6 @@ class AttentionFamily(Family):
              "is element-wise, so padding only costs registers and masked lanes"),
         Knob("DECODE_MERGE_LOADS", (4, 8), "decode",
              "chunk partials the merge loads at once before folding them one by one in ascending order"),
-        Knob("FULL_UNROLL", (1, 2), "full",
-             "unroll factor of the prefill loop over whole KV blocks: the same blocks in the same order, more "
-             "instructions of neighbouring blocks for the scheduler to overlap"),
-        Knob("DECODE_UNROLL", (1, 2), "decode",
-             "the same for decode's block loop, where one warp per scheduler waits on each block's dependent "
-             "chain (few programs at small batch)"),
     )
 
     def opportunities(self) -> list[OpportunitySpec]:
@@ -122,12 +116,12 @@ class AttentionFamily(Family):
             OpportunitySpec("decode_schedule", "Tune the memory-bound decode launch: GQA packing, tile rows, warps, "
                             "pipelining and chunks per program", paths=("decode",),
                             knobs=("DECODE_PACK_GQA", "DECODE_BLOCK_M", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES",
-                                   "DECODE_CHUNKS_PER_PROGRAM", "DECODE_CHUNK_LOOP", "DECODE_UNROLL")),
+                                   "DECODE_CHUNKS_PER_PROGRAM", "DECODE_CHUNK_LOOP")),
             OpportunitySpec("prefill_hopper", "Load K/V tiles with TMA tensor descriptors and let the compiler "
                             "flatten the split-KV chunk loop nest into one software pipeline; beyond the knobs, "
                             "warp-specialise loads and MMAs or make the prefill grid persistent. Keep the dot shapes, "
                             "block order and per-block arithmetic unchanged so decode still agrees", paths=("full",),
-                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_UNROLL")),
+                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -38,8 +38,6 @@ KNOBS = {
     "DECODE_FINISH_SINGLE": False,
     "DECODE_MERGE_ROWS": 16,
     "DECODE_MERGE_LOADS": 4,
-    "FULL_UNROLL": 1,
-    "DECODE_UNROLL": 1,
 }
 
 LOG2E = 1.4426950408889634
@@ -104,24 +102,16 @@ def _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N: t
 
 @triton.jit
 def _walk(acc, m_i, l_i, q, kv, lo, hi, key_limit, row_limit, qk_scale,
-          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr,
-          UNROLL: tl.constexpr):
+          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
     """Blocks starting at lo, lo + BLOCK_N, ... below hi, in ascending order (lo is a multiple of BLOCK_N).
 
     `kv` is (k_base, v_base, k_desc, v_desc, desc_row0): pointers to this head's keys and values, and the
-    descriptors with this head's first row (the pointers again when TMA is off). UNROLL > 1 unrolls the loop:
-    the same blocks in the same order, but one block's softmax can overlap the next block's loads and dot."""
+    descriptors with this head's first row (the pointers again when TMA is off)."""
     k_base, v_base, k_desc, v_desc, desc_row0 = kv
-    if UNROLL > 1:
-        for start_n in tl.range(lo, hi, BLOCK_N, loop_unroll_factor=UNROLL):
-            k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N,
-                               MASK, TMA)
-            acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N,
-                               MASK, TMA)
-            acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
+    for start_n in range(lo, hi, BLOCK_N):
+        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
+                           TMA)
+        acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
     return acc, m_i, l_i
 
 
@@ -136,15 +126,14 @@ def _fresh(BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr):
 
 @triton.jit
 def _chunk(q, kv, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale,
-           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-           UNROLL: tl.constexpr):
+           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     """Keys [lo, hi) from a fresh softmax state: whole blocks below unmasked_hi unmasked, the rest masked."""
     acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
     mid = tl.maximum(tl.minimum(hi, unmasked_hi), lo)
     acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, lo, mid, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, False,
-                          TMA, UNROLL)
+                          TMA)
     acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, mid, hi, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, True,
-                          TMA, 1)
+                          TMA)
     return acc, m_i, l_i
 
 
@@ -200,8 +189,7 @@ def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.cons
 @triton.jit
 def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
                     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, UNROLL: tl.constexpr,
-                    WRITE32: tl.constexpr):
+                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, WRITE32: tl.constexpr):
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first
     bh = tl.program_id(1)
     b = bh // HQ
@@ -218,7 +206,7 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
     hi = tl.minimum(tile_start + BLOCK_M, S)
     unmasked_hi = (tile_start // BLOCK_N) * BLOCK_N  # blocks ending at or before the tile's first row
     if SPLIT == 0:
-        acc, m_i, l_i = _chunk(q, kv, 0, hi, unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA, UNROLL)
+        acc, m_i, l_i = _chunk(q, kv, 0, hi, unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
     else:
         acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
         if SPLIT_LOOP == "flat":
@@ -238,14 +226,14 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
             for c in tl.range(0, n_whole, flatten=True):
                 c_acc, c_m, c_l = _fresh(BLOCK_M, HEAD_D)
                 c_acc, c_m, c_l = _walk(c_acc, c_m, c_l, q, kv, c * SPLIT, c * SPLIT + SPLIT, S, row_limit,
-                                        qk_scale, HEAD_D, BLOCK_N, False, TMA, UNROLL)
+                                        qk_scale, HEAD_D, BLOCK_N, False, TMA)
                 m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
             c_lo = n_whole * SPLIT
         else:
             c_lo = 0
         for lo in range(c_lo, hi, SPLIT):  # "nested": every chunk; otherwise the chunks left (none for "flat")
             c_acc, c_m, c_l = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, hi), unmasked_hi, S, row_limit, qk_scale,
-                                     BLOCK_M, HEAD_D, BLOCK_N, TMA, UNROLL)
+                                     BLOCK_M, HEAD_D, BLOCK_N, TMA)
             m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
     o = _finish(acc, l_i)
     tl.store(O + row0 + io, o.to(tl.bfloat16), mask=row_ok)
@@ -257,8 +245,7 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
 def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr,
-                   TMA: tl.constexpr, PDL: tl.constexpr, FINISH_SINGLE: tl.constexpr, UNROLL: tl.constexpr,
-                   WRITE32: tl.constexpr):
+                   TMA: tl.constexpr, PDL: tl.constexpr, FINISH_SINGLE: tl.constexpr, WRITE32: tl.constexpr):
     """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile."""
     if PDL:
         gdc_launch_dependents()  # the merge launch may start now; it waits for this grid before reading
@@ -284,25 +271,24 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
     row_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + n
     n_full = (n // BLOCK_N) * BLOCK_N  # blocks below hold valid keys only; the cache past n may hold anything
     if SPLIT == 0:
-        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA, UNROLL)
+        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
         _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
     elif FINISH_SINGLE:
         # The whole cache fits one chunk, so every sequence has exactly one: fold it into the empty state and
         # normalise here, the merge launch's own element-wise steps (no merge is launched).
-        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA, UNROLL)
+        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
         f_acc, f_m, f_l = _fresh(BLOCK_M, HEAD_D)
         f_m, f_l, f_acc = _merge(f_m, f_l, f_acc, m_i, l_i, acc, qk_scale)
         _store_out(O, O32, qrow, offs_d, row_ok, _finish(f_acc, f_l), HEAD_D, WRITE32)
     else:
         _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS,
-                            N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA, UNROLL)
+                            N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA)
 
 
 @triton.jit
 def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS, N_CHUNKS,
                         HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr,
-                        UNROLL: tl.constexpr):
+                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr):
     """Decode program g's chunks of one sequence, each written as a partial for the merge launch."""
     c_lo = g * CHUNKS_PER_PROGRAM
     c_hi = tl.minimum(c_lo + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
@@ -314,13 +300,13 @@ def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, 
         for c in tl.range(c_lo, c_whole, flatten=True):
             acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
             acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, c * SPLIT, c * SPLIT + SPLIT, n, row_limit, qk_scale,
-                                  HEAD_D, BLOCK_N, False, TMA, UNROLL)
+                                  HEAD_D, BLOCK_N, False, TMA)
             _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
         c_lo = c_whole
     for c in range(c_lo, c_hi):
         lo = c * SPLIT
         acc, m_i, l_i = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
-                               BLOCK_M, HEAD_D, BLOCK_N, TMA, UNROLL)
+                               BLOCK_M, HEAD_D, BLOCK_N, TMA)
         _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
 
 
@@ -425,8 +411,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     _prefill_kernel[grid](
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
         HQ // HKV, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
-        SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v), UNROLL=KNOBS["FULL_UNROLL"],
-        WRITE32=out32 is not None,
+        SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v), WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
     )
 
@@ -471,7 +456,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, B * HKV * s_cap, n_chunks, qk_scale,
         HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
         CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"], TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
-        FINISH_SINGLE=finish_single, UNROLL=KNOBS["DECODE_UNROLL"], WRITE32=out32 is not None,
+        FINISH_SINGLE=finish_single, WRITE32=out32 is not None,
         num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
     )
     if merge:
