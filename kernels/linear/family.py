@@ -47,8 +47,10 @@ class LinearFamily(Family):
              "run K chunks as parallel programs plus a merge launch (else in-program) in the full path"),
         Knob("FULL_USE_TMA", (False, True), "full", "load tiles with TMA descriptors in the full path"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
-        Knob("DECODE_BLOCK_N", (16, 32, 64, 128, 256), "decode",
-             "output columns per tile in decode (narrow: more programs streaming W)"),
+        Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
+             "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "
+             "32/64/128 (and K chunks in parallel or in-program, where the split knobs allow both) whose waves "
+             "of programs over the SMs move the fewest bytes per SM"),
         Knob("DECODE_GROUP_M", (1, 4, 8), "decode", "row-tile grouping in decode"),
         Knob("DECODE_NUM_WARPS", (2, 4, 8), "decode", "warps per tile in decode"),
         Knob("DECODE_NUM_STAGES", (2, 3, 4, 5, 6), "decode", "software pipelining depth of decode"),

@@ -34,7 +34,7 @@ KNOBS = {
     "FULL_SPLIT_PARALLEL": False,
     "FULL_USE_TMA": True,
     "DECODE_BLOCK_M": 64,
-    "DECODE_BLOCK_N": 64,
+    "DECODE_BLOCK_N": 0,
     "DECODE_GROUP_M": 1,
     "DECODE_NUM_WARPS": 4,
     "DECODE_NUM_STAGES": 6,
@@ -262,7 +262,22 @@ def _k_chunk(K):
     return KNOBS["K_CHUNK"]
 
 
-def _schedule(M, N, K, path):
+def _auto_tiles(M, N, K, bm, k_chunk, n_chunks, may_split, max_tiles, sms):
+    """(block_n, parallel chunks) of a decode launch with DECODE_BLOCK_N = 0 (schedule only).
+
+    A decode program streams (bm + bn) * its K columns of x and W; the launch takes as many waves of programs
+    as the SMs need. Ties go to in-program chunks (no merge launch), then to the narrower tile."""
+    options = []
+    for bn in (32, 64, 128):
+        tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
+        for par in (False, True) if may_split and (not max_tiles or tiles <= max_tiles) else (False,):
+            programs = tiles * (n_chunks if par else 1)
+            options.append((triton.cdiv(programs, sms) * (bm + bn) * (k_chunk if par else K), par, bn))
+    _, parallel, bn = min(options)
+    return bn, parallel
+
+
+def _schedule(M, N, K, path, sms=132):
     """Tiles, warps, stages, unrolling and chunk execution of one launch (schedule only: no bits depend on it)."""
     k_chunk = _k_chunk(K)
     n_chunks = triton.cdiv(K, k_chunk) if k_chunk else 1
@@ -287,7 +302,10 @@ def _schedule(M, N, K, path):
         sch.update(bm=max(16, triton.next_power_of_2(M)), bn=KNOBS["DECODE_SMALL_BLOCK_N"],
                    unroll=KNOBS["DECODE_SMALL_K_UNROLL"], warps=KNOBS["DECODE_SMALL_NUM_WARPS"],
                    stages=KNOBS["DECODE_SMALL_NUM_STAGES"])
-    if parallel and path == "DECODE" and KNOBS["DECODE_SPLIT_MAX_TILES"]:
+    if path == "DECODE" and src == "DECODE" and KNOBS["DECODE_SMALL_M"] < M and sch["bn"] == 0:
+        sch["bn"], parallel = _auto_tiles(M, N, K, sch["bm"], k_chunk, n_chunks, parallel,
+                                          KNOBS["DECODE_SPLIT_MAX_TILES"], sms)
+    elif parallel and path == "DECODE" and KNOBS["DECODE_SPLIT_MAX_TILES"]:
         # A launch with tiles enough to fill the GPU gains nothing from parallel chunks but pays their merge.
         tiles = triton.cdiv(M, sch["bm"]) * triton.cdiv(N, sch["bn"])
         parallel = tiles <= KNOBS["DECODE_SPLIT_MAX_TILES"]
@@ -301,7 +319,8 @@ def _launch(x, weight, bias, out, out32, path):
     """out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]); any strides (the backward passes transposes)."""
     M, K = x.shape
     N = weight.shape[0]
-    sch = _schedule(M, N, K, path)
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+    sch = _schedule(M, N, K, path, sms)
     block_k, k_chunk, bm, bn = KNOBS["BLOCK_K"], sch["k_chunk"], sch["bm"], sch["bn"]
     has_bias, write32 = bias is not None, out32 is not None
     b = bias if has_bias else out

@@ -122,7 +122,9 @@ def test_root_schedule_follows_the_launch_shape():
     sch = load()._schedule
     qkv256, o256 = sch(256, 6144, 2560, "DECODE"), sch(256, 2560, 4096, "DECODE")
     assert (qkv256["bm"], qkv256["bn"], qkv256["warps"]) == (128, 128, 8)  # 96 programs
-    assert (o256["bm"], o256["bn"]) == (64, 64)  # 128x128 would make 40 programs
+    assert (o256["bm"], o256["bn"]) == (64, 128)  # 128x128: 40 programs; 64x64: 160, two waves of 132
+    assert sch(64, 2560, 4096, "DECODE")["bn"] == 32  # 80 programs of 64x32 beat 40 of 64x64
+    assert sch(64, 6144, 2560, "DECODE")["bn"] == 64  # 96 programs already
     down256 = sch(256, 2560, 9728, "DECODE")
     assert down256["parallel"] and down256["n_chunks"] == 3 and down256["bm"] == 128  # 40 tiles x 3 chunks
     one = sch(1, 2560, 9728, "DECODE")
