@@ -46,6 +46,9 @@ class LinearFamily(Family):
         Knob("FULL_SPLIT_PARALLEL", (False, True), "full",
              "run K chunks as parallel programs plus a merge launch (else in-program) in the full path"),
         Knob("FULL_USE_TMA", (False, True), "full", "load tiles with TMA descriptors in the full path"),
+        Knob("FULL_PERSISTENT", (0, 1, 2), "full",
+             "full-path launches of one K chunk with TMA as persistent programs (this many per SM; 0: one program "
+             "per tile) whose tile loop is one software pipeline: the next tile loads during this one's epilogue"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
         Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
              "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "
@@ -107,7 +110,7 @@ class LinearFamily(Family):
             OpportunitySpec("full_tile", "Larger wgmma tiles and deeper pipelining for compute-bound prefill "
                             "GEMMs", paths=("full",),
                             knobs=("FULL_BLOCK_M", "FULL_BLOCK_N", "FULL_NUM_WARPS", "FULL_NUM_STAGES",
-                                   "FULL_USE_TMA")),
+                                   "FULL_USE_TMA", "FULL_PERSISTENT")),
             OpportunitySpec("full_stages_by_k", "128x128 tiles with 3 stages fit two per SM; 4-5 stages one. "
                             "Long K (9728, 14336) ran 1.03-1.07x cuBLAS with 4-5 stages against 1.11-1.19x with "
                             "3, short K (2560) the reverse (H200): pick the depth by K", paths=("full",),

@@ -56,6 +56,7 @@ KNOBS = {
     "FULL_SHORT_K": 4096,
     "FULL_SHORT_K_NUM_STAGES": 3,
     "DECODE_SPLIT_MAX_TILES": 0,
+    "FULL_PERSISTENT": 0,
 }
 
 
@@ -205,6 +206,32 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, 
 
 
 @triton.jit(do_not_specialize=["M"])
+def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, swn, sym, syn,
+                              HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr, BLOCK_M: tl.constexpr,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    # Each program walks tiles a grid apart; the tile loop nest is flattened into one software pipeline, so
+    # the next tile's first K tiles load during this tile's epilogue. Per output: the K loop from a zero
+    # accumulator and one merge into a zero total, the dot steps of the unsplit (or one-chunk) kernel above.
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[sxm, 1], block_shape=[BLOCK_M, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[swn, 1], block_shape=[BLOCK_N, BLOCK_K])
+    num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc = _tma_step(acc, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0)
+        total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), acc)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = cols < N
+        y = _epilogue(total, b_ptr, cols, n_mask, HAS_BIAS)
+        mask = (rows[:, None] < M) & n_mask[None, :]
+        tl.store(y_ptr + rows[:, None] * sym + cols[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
+        if WRITE32:
+            tl.store(y32_ptr + rows[:, None] * N + cols[None, :], y, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
 def _linear_chunk_kernel(x_ptr, w_ptr, ws_ptr, M, N, K, sxm, sxk, swn, swk,
                          K_CHUNK: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
@@ -329,6 +356,14 @@ def _launch(x, weight, bias, out, out32, path):
     use_tma = KNOBS[path + "_USE_TMA"] and _tma_ok(x, weight)
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=sch["group_m"], EVEN_K=even_k, USE_TMA=use_tma,
                 UNROLL=sch["unroll"], num_warps=sch["warps"], num_stages=sch["stages"])
+    if path == "FULL" and KNOBS["FULL_PERSISTENT"] and use_tma and sch["n_chunks"] == 1:
+        programs = min(tiles, KNOBS["FULL_PERSISTENT"] * sms)
+        _linear_persistent_kernel[(programs,)](
+            x, weight, b, out, out32 if write32 else out, M, N, K, x.stride(0), weight.stride(0),
+            out.stride(0), out.stride(1), HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
+            BLOCK_K=block_k, GROUP_M=sch["group_m"], num_warps=sch["warps"],
+            num_stages=sch["stages"])
+        return
     if sch["parallel"]:
         ws = torch.empty((sch["n_chunks"], M, N), dtype=torch.float32, device=x.device)
         _linear_chunk_kernel[(tiles, sch["n_chunks"])](

@@ -22,6 +22,9 @@ def test_root_passes_all_cases():
     {"K_CHUNK": 512, "DECODE_BLOCK_M": 16, "DECODE_BLOCK_N": 32, "DECODE_USE_TMA": False},
     {"K_CHUNK": 512, "FULL_SPLIT_PARALLEL": True, "DECODE_SPLIT_PARALLEL": False, "FULL_BLOCK_M": 64,
      "FULL_BLOCK_N": 256, "FULL_GROUP_M": 1},
+    # Persistent full path (4 "SMs" on the CPU): 37 x 96 in 32 x 32 tiles is 6 tiles, so programs take two.
+    {"FULL_PERSISTENT": 1, "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 32, "FULL_GROUP_M": 4},
+    {"FULL_PERSISTENT": 2, "K_CHUNK": 512, "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 64},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
