@@ -23,8 +23,8 @@ def test_root_passes_all_cases():
     {"K_CHUNK": 512, "FULL_SPLIT_PARALLEL": True, "DECODE_SPLIT_PARALLEL": False, "FULL_BLOCK_M": 64,
      "FULL_BLOCK_N": 256, "FULL_GROUP_M": 1},
     # Persistent full path (4 "SMs" on the CPU): 37 x 96 in 32 x 32 tiles is 6 tiles, so programs take two.
-    {"FULL_PERSISTENT": 1, "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 32, "FULL_GROUP_M": 4},
-    {"FULL_PERSISTENT": 2, "K_CHUNK": 512, "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 64},
+    {"FULL_PERSISTENT": "all", "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 32, "FULL_GROUP_M": 4, "FULL_SHORT_K": 0},
+    {"FULL_PERSISTENT": "all", "K_CHUNK": 512, "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 64},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
@@ -88,7 +88,7 @@ def test_flat_chunk_fold_at_wrong_boundary_is_caught():
     # must then differ from the flat full path.
     def early_fold(src):
         assert src.count("k_next % K_CHUNK == 0") == 1
-        return src.replace("k_next % K_CHUNK == 0", "k0 % K_CHUNK == 0")
+        return src.replace("k_next % K_CHUNK == 0", "k_next % K_CHUNK == 64")  # BLOCK_K 64: after a chunk's first tile
 
     impl = load("flat_early", early_fold, K_CHUNK=512, FULL_CHUNK_LOOP="flat")
     bad = failures(impl, cases=[c for c in FAMILY.check_cases("full") if c["k"] > 512])
