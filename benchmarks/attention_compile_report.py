@@ -23,7 +23,7 @@ from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
 
 ALIGNED = {"Q", "K", "V", "CTX", "O", "O32", "M_WS", "L_WS", "ACC_WS", "S", "S_CAP", "TOTAL_ROWS"}
 PREFILL_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*bf16", "S": "i32",
-               "TOTAL_ROWS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+               "TOTAL_ROWS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32", "BH": "i32"}
 DECODE_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "S_CAP": "i32", "TOTAL_ROWS": "i32",
               "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     kn = mod.KNOBS
     prefill = compile_sm90(mod._prefill_kernel, PREFILL_SIG, {
         "HEAD_D": args.head_dim, "BLOCK_M": kn["BLOCK_M"], "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"],
-        "SPLIT_LOOP": kn["FULL_SPLIT_LOOP"], "TMA": kn["FULL_KV_LOADS"] == "tma", "WRITE32": False},
+        "SPLIT_LOOP": kn["FULL_SPLIT_LOOP"], "TMA": kn["FULL_KV_LOADS"] == "tma",
+        "PERSISTENT": kn["FULL_PERSISTENT"], "WRITE32": False},
         kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"], ALIGNED)
     split = kn["SPLIT_TOKENS"] if args.decode_split is None else args.decode_split
     cpp = kn["DECODE_CHUNKS_PER_PROGRAM"] or 8  # "auto" resolves at launch; 8 is its value at B16 ctx 8K split 256

@@ -67,6 +67,9 @@ class AttentionFamily(Family):
         Knob("FULL_KV_LOADS", ("pointer", "tma"), "full",
              "how prefill loads K/V tiles of blocks every row sees in full: pointer loads or TMA tensor "
              "descriptors (same tiles, so same bits)"),
+        Knob("FULL_PERSISTENT", ("off", "loop", "flatten"), "full",
+             "prefill as one program per SM walking the tiles (longest rows first, a row block's heads side by "
+             "side) instead of one program per tile; flatten asks the compiler to pipeline across tiles"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with ROW_SUM=dot, since a reduced row sum must keep the wgmma layout family of prefill"),
@@ -121,7 +124,7 @@ class AttentionFamily(Family):
                             "flatten the split-KV chunk loop nest into one software pipeline; beyond the knobs, "
                             "warp-specialise loads and MMAs or make the prefill grid persistent. Keep the dot shapes, "
                             "block order and per-block arithmetic unchanged so decode still agrees", paths=("full",),
-                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP")),
+                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -38,6 +38,7 @@ KNOBS = {
     "DECODE_FINISH_SINGLE": False,
     "DECODE_MERGE_ROWS": 16,
     "DECODE_MERGE_LOADS": 4,
+    "FULL_PERSISTENT": "off",
 }
 
 LOG2E = 1.4426950408889634
@@ -187,11 +188,28 @@ def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.cons
 
 
 @triton.jit
-def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
+def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, BH,
                     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, WRITE32: tl.constexpr):
-    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first
-    bh = tl.program_id(1)
+                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WRITE32: tl.constexpr):
+    if PERSISTENT != "off":
+        # Programs walk the tiles a grid apart, longest causal rows first and a row block's heads side by side
+        # (neighbouring tiles: equal work, shared KV heads); the tile loop nest is one software pipeline, so
+        # the next tile's first loads overlap this tile's epilogue.
+        n_m = tl.cdiv(S, BLOCK_M)
+        for t in tl.range(tl.program_id(0), n_m * BH, tl.num_programs(0), flatten=PERSISTENT == "flatten"):
+            _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, n_m - 1 - t // BH, t % BH,
+                          HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
+    else:
+        _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
+                      tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1),  # longest causal rows first
+                      HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
+
+
+@triton.jit
+def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_m, bh,
+                  HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                  SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, WRITE32: tl.constexpr):
+    """Query rows [pid_m * BLOCK_M, +BLOCK_M) of (batch, query head) bh over their causal keys."""
     b = bh // HQ
     h = bh % HQ
     kv = _kv_source(K, V, b * HKV + h // GROUP, S, TOTAL_ROWS, HEAD_D, BLOCK_N, TMA)
@@ -407,10 +425,12 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
     block_m = KNOBS["BLOCK_M"]
-    grid = (triton.cdiv(S, block_m), B * HQ)
+    tiles = triton.cdiv(S, block_m) * B * HQ
+    persistent = KNOBS["FULL_PERSISTENT"]
+    grid = (min(tiles, _sm_count(q.device)),) if persistent != "off" else (triton.cdiv(S, block_m), B * HQ)
     _prefill_kernel[grid](
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
-        HQ // HKV, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
+        HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
         SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v), WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
     )
