@@ -47,9 +47,9 @@ class LinearFamily(Family):
              "run K chunks as parallel programs plus a merge launch (else in-program) in the full path"),
         Knob("FULL_USE_TMA", (False, True), "full", "load tiles with TMA descriptors in the full path"),
         Knob("FULL_PERSISTENT", ("off", "long_k", "all"), "full",
-             "full-path launches with TMA and one K chunk or the flat chunk loop as persistent programs (as many "
-             "as fit on the SMs at once) whose tile loop is one software pipeline, so the next tile loads during "
-             "this one's epilogue: never, only for the deep-pipeline launches (K >= FULL_SHORT_K), or all"),
+             "full-path launches of one K chunk with TMA as persistent programs (as many as fit on the SMs at "
+             "once) whose tile loop is one software pipeline, so the next tile loads during this one's epilogue: "
+             "never, only for the deep-pipeline launches (K >= FULL_SHORT_K), or all"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
         Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
              "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "
