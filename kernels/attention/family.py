@@ -67,9 +67,10 @@ class AttentionFamily(Family):
         Knob("FULL_KV_LOADS", ("pointer", "tma"), "full",
              "how prefill loads K/V tiles of blocks every row sees in full: pointer loads or TMA tensor "
              "descriptors (same tiles, so same bits)"),
-        Knob("FULL_PERSISTENT", ("off", "loop", "flatten"), "full",
-             "prefill as one program per SM walking the tiles (longest rows first, a row block's heads side by "
-             "side) instead of one program per tile; flatten asks the compiler to pipeline across tiles"),
+        Knob("FULL_PERSISTENT", ("off", "row_blocks", "heads"), "full",
+             "prefill as one program per SM walking the tiles instead of one program per tile: longest row blocks "
+             "first with a row block's heads side by side, or one head's row blocks side by side (K/V shared in "
+             "L2), longest first"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with ROW_SUM=dot, since a reduced row sum must keep the wgmma layout family of prefill"),

@@ -192,12 +192,18 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, BH
                     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                     SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WRITE32: tl.constexpr):
     if PERSISTENT != "off":
-        # Programs walk the tiles a grid apart, longest causal rows first and a row block's heads side by side
-        # (neighbouring tiles: equal work, shared KV heads); the tile loop nest is one software pipeline, so
-        # the next tile's first loads overlap this tile's epilogue.
+        # Programs walk the tiles a grid apart (the compiler does not pipeline across this loop's nest).
+        # "row_blocks": longest causal rows first, a row block's heads side by side (equal work for
+        # neighbours); "heads": a head's row blocks side by side, longest first (neighbours share K/V in L2).
         n_m = tl.cdiv(S, BLOCK_M)
-        for t in tl.range(tl.program_id(0), n_m * BH, tl.num_programs(0), flatten=PERSISTENT == "flatten"):
-            _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, n_m - 1 - t // BH, t % BH,
+        for t in tl.range(tl.program_id(0), n_m * BH, tl.num_programs(0)):
+            if PERSISTENT == "heads":
+                pid_m = n_m - 1 - t % n_m
+                bh = t // n_m
+            else:
+                pid_m = n_m - 1 - t // BH
+                bh = t % BH
+            _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_m, bh,
                           HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
     else:
         _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,

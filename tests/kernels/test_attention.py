@@ -151,7 +151,7 @@ for loop, cpp in (("flatten", 0), ("flat", 2)):
     _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "FULL_SPLIT_LOOP": loop, "FULL_KV_LOADS": "tma",
                     "DECODE_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl", "BLOCK_M": 64,
                     "DECODE_CHUNKS_PER_PROGRAM": cpp, "DECODE_CHUNK_LOOP": "flatten"})
-for split, persistent in ((0, "loop"), (64, "flatten")):  # one program walking every tile (one "SM" on the CPU)
+for split, persistent in ((0, "row_blocks"), (64, "heads")):  # one program walking every tile (one "SM" on the CPU)
     _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": split, "FULL_PERSISTENT": persistent, "BLOCK_M": 64,
                     "FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma"})
 for tile in (16, 32):  # the layout-free row sum lets decode use tiles below 64 rows
