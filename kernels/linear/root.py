@@ -154,6 +154,18 @@ def _epilogue(total, b_ptr, offs_n, n_mask, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
+def _store_tile(total, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn,
+                HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr):
+    # The one epilogue of every path: bias, bf16 output, optionally the fp32 values before the cast.
+    n_mask = cols < N
+    y = _epilogue(total, b_ptr, cols, n_mask, HAS_BIAS)
+    mask = (rows[:, None] < M) & n_mask[None, :]
+    tl.store(y_ptr + rows[:, None] * sym + cols[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
+    if WRITE32:
+        tl.store(y32_ptr + rows[:, None] * N + cols[None, :], y, mask=mask)
+
+
+@triton.jit
 def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     # Grouped ordering so consecutive programs share W tiles in L2 (schedule only).
     num_m = tl.cdiv(M, BLOCK_M)
@@ -197,12 +209,7 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, 
             total = _merge(total, _k_range(x_ptr, w_ptr, offs_m, offs_n, pid_m * BLOCK_M, pid_n * BLOCK_N,
                                            M, N, K, k_lo, k_hi, sxm, sxk, swn, swk,
                                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, UNROLL))
-    n_mask = cols < N
-    y = _epilogue(total, b_ptr, cols, n_mask, HAS_BIAS)
-    mask = (rows[:, None] < M) & n_mask[None, :]
-    tl.store(y_ptr + rows[:, None] * sym + cols[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
-    if WRITE32:
-        tl.store(y32_ptr + rows[:, None] * N + cols[None, :], y, mask=mask)
+    _store_tile(total, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -224,12 +231,7 @@ def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm,
         total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), acc)
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = cols < N
-        y = _epilogue(total, b_ptr, cols, n_mask, HAS_BIAS)
-        mask = (rows[:, None] < M) & n_mask[None, :]
-        tl.store(y_ptr + rows[:, None] * sym + cols[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
-        if WRITE32:
-            tl.store(y32_ptr + rows[:, None] * N + cols[None, :], y, mask=mask)
+        _store_tile(total, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
 
 
 @triton.jit(do_not_specialize=["M"])
