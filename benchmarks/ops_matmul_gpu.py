@@ -44,6 +44,7 @@ def load(family: str, knobs: dict | None = None):
     """The family's root with some KNOBS entries replaced, imported from a real file (Triton needs one)."""
     key = (family, tuple(sorted((knobs or {}).items())))
     if key not in _IMPLS:
+        importlib.import_module(f"kernels.{family}").FAMILY.check_knobs(knobs or {}, f"{family} variant {knobs}")
         src = (ROOT / "kernels" / family / "root.py").read_text()
         if knobs:
             src = write_knobs(src, {**read_knobs(src), **knobs})

@@ -109,6 +109,16 @@ class Family(ABC):
                 return k
         raise KeyError(f"family {self.name!r} has no knob {name!r}")
 
+    def check_knobs(self, changes: dict[str, Any], where: str) -> None:
+        """Raise ``ValueError`` naming ``where``, the knob and the legal values for a change outside the space."""
+        for name, value in changes.items():
+            try:
+                knob = self.knob(name)
+            except KeyError as e:
+                raise ValueError(f"{where}: {e.args[0]}") from None
+            if value not in knob.values:
+                raise ValueError(f"{where}: {name}={value!r} is not one of {list(knob.values)}")
+
     def validate_workload(self, workload: dict[str, Any]) -> None:
         """Raise ``ValueError`` naming the key when a workload entry cannot be run by this family."""
         phase = workload.get("phase")

@@ -79,6 +79,7 @@ SWEEP_CHECKS = ("x_root", "x_split1024_flat_s3", "x_split1024_nested_s3", "d_spl
 def load_variant(name: str, changes: dict[str, Any], folder: Path, source: str | None = None):
     """Write ``source`` (default: the root) with ``changes`` applied to KNOBS as a real file (Triton needs one)
     and import it."""
+    FAMILY.check_knobs(changes, f"attention variant {name!r}")
     source = FAMILY.root_source() if source is None else source
     knobs = {**read_knobs(source), **changes}
     path = folder / f"attention_{name}.py"

@@ -35,3 +35,13 @@ def test_scope_follows_roles():
     assert scope_of({"full"}) == "full"
     assert scope_of({"decode"}) == "decode"
     assert scope_of({"full", "decode"}) == "joint"
+
+
+def test_variant_knobs_outside_the_space_are_named():
+    from kernels.linear import FAMILY
+
+    FAMILY.check_knobs({"FULL_PERSISTENT": "long_k", "DECODE_BLOCK_N": 0}, "ok")
+    with pytest.raises(ValueError, match=r"variant 'p1': FULL_PERSISTENT=1 is not one of \['off', 'long_k', 'all'\]"):
+        FAMILY.check_knobs({"FULL_PERSISTENT": 1}, "variant 'p1'")
+    with pytest.raises(ValueError, match="variant 'x': family 'linear' has no knob 'NO_SUCH'"):
+        FAMILY.check_knobs({"NO_SUCH": 1}, "variant 'x'")
