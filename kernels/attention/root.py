@@ -436,7 +436,8 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     grid = (min(tiles, _sm_count(q.device)),) if persistent != "off" else (triton.cdiv(S, block_m), B * HQ)
     _prefill_kernel[grid](
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
-        HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
+        HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],
+        SPLIT=KNOBS["SPLIT_TOKENS"],
         SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v), WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
     )

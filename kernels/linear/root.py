@@ -323,7 +323,8 @@ def _schedule(M, N, K, path, sms=132):
     sch = {"bm": KNOBS[src + "_BLOCK_M"], "bn": KNOBS[src + "_BLOCK_N"], "group_m": KNOBS[src + "_GROUP_M"],
            "warps": KNOBS[src + "_NUM_WARPS"], "stages": KNOBS[src + "_NUM_STAGES"],
            "unroll": KNOBS["DECODE_K_UNROLL"] if src == "DECODE" else 1}
-    if path == "FULL" and KNOBS["FULL_SHORT_K"] > K:
+    short_k = path == "FULL" and KNOBS["FULL_SHORT_K"] > K
+    if short_k:
         # Short reductions: a shallower pipeline leaves shared memory for two tiles per SM, which hide each
         # other's prologue and epilogue; long ones want the deep pipeline (one tile per SM).
         sch["stages"] = KNOBS["FULL_SHORT_K_NUM_STAGES"]
@@ -342,7 +343,11 @@ def _schedule(M, N, K, path, sms=132):
     flat = not parallel and n_chunks > 1 and KNOBS[path + "_CHUNK_LOOP"] == "flat"
     if flat:
         sch["unroll"] = 1  # the flat loop folds chunk by chunk, tile by tile
-    return {**sch, "k_chunk": k_chunk, "n_chunks": n_chunks, "parallel": parallel, "flat": flat}
+    # Persistent programs (full path, one K chunk; as many as fit at once: two per SM with the short-K pipeline).
+    persistent = path == "FULL" and n_chunks == 1 and {"off": False, "long_k": not short_k,
+                                                       "all": True}[KNOBS["FULL_PERSISTENT"]]
+    return {**sch, "k_chunk": k_chunk, "n_chunks": n_chunks, "parallel": parallel, "flat": flat,
+            "persistent_per_sm": (2 if short_k else 1) if persistent else 0}
 
 
 def _launch(x, weight, bias, out, out32, path):
@@ -359,11 +364,8 @@ def _launch(x, weight, bias, out, out32, path):
     use_tma = KNOBS[path + "_USE_TMA"] and _tma_ok(x, weight)
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=sch["group_m"], EVEN_K=even_k, USE_TMA=use_tma,
                 UNROLL=sch["unroll"], num_warps=sch["warps"], num_stages=sch["stages"])
-    short_k = KNOBS["FULL_SHORT_K"] > K
-    persistent = {"off": False, "long_k": not short_k, "all": True}[KNOBS["FULL_PERSISTENT"]]
-    if path == "FULL" and persistent and use_tma and sch["n_chunks"] == 1:
-        # As many programs as fit at once: the short-K pipeline leaves shared memory for two per SM.
-        programs = min(tiles, (2 if short_k else 1) * sms)
+    if sch["persistent_per_sm"] and use_tma:
+        programs = min(tiles, sch["persistent_per_sm"] * sms)
         _linear_persistent_kernel[(programs,)](
             x, weight, b, out, out32 if write32 else out, M, N, K, x.stride(0), weight.stride(0),
             out.stride(0), out.stride(1), HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,

@@ -134,6 +134,10 @@ def test_root_schedule_follows_the_launch_shape():
     assert one["parallel"] and one["bm"] == 16 and one["unroll"] == 4
     assert sch(4096, 2560, 9728, "FULL")["flat"] and sch(4096, 2560, 9728, "FULL")["stages"] == 5
     assert sch(4096, 6144, 2560, "FULL")["stages"] == 3 and sch(4096, 6144, 2560, "FULL")["n_chunks"] == 1
+    # Persistent programs only for the one-chunk, deep-pipeline launches of the full path.
+    assert [sch(4096, n, k, "FULL")["persistent_per_sm"] for n, k in ((2560, 4096), (6144, 2560), (2560, 9728))] \
+        == [1, 0, 0]
+    assert sch(256, 2560, 4096, "DECODE")["persistent_per_sm"] == 0
 
 
 def test_short_chunks_follow_the_weight_only():
