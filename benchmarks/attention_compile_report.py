@@ -48,12 +48,14 @@ def main(argv: list[str] | None = None) -> int:
     split = kn["SPLIT_TOKENS"] if args.decode_split is None else args.decode_split
     cpp = kn["DECODE_CHUNKS_PER_PROGRAM"] or 8  # "auto" resolves at launch; 8 is its value at B16 ctx 8K split 256
     # The decode tile as decode() picks it (32 query / 8 KV heads: groups of 4 rows fit every tile).
-    block_m = kn["DECODE_BLOCK_M"] if kn["ROW_SUM"] == "dot" else max(kn["DECODE_BLOCK_M"], 64)
+    layout_free = kn["ROW_SUM"] != "reduce"
+    block_m = kn["DECODE_BLOCK_M"] if layout_free else max(kn["DECODE_BLOCK_M"], 64)
     decode = compile_sm90(mod._decode_kernel, DECODE_SIG, {
         "HEAD_D": args.head_dim, "BLOCK_M": block_m, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split,
         "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
         "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
-        "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "WRITE32": False},
+        "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "TRANSPOSE": layout_free and kn["DECODE_TRANSPOSE"],
+        "WRITE32": False},
         kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
     group = 4  # 32 query / 8 KV heads
     merge = compile_sm90(mod._decode_merge_kernel, MERGE_SIG, {

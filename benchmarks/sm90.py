@@ -52,5 +52,7 @@ def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: 
     return {"shared_bytes": k.metadata.shared, "registers": num(r"Used (\d+) registers"),
             "spill_store_bytes": num(r"(\d+) bytes spill stores"), "HGMMA": sass.count("HGMMA"),
             "HMMA": sass.count("HMMA"), "UTMALDG": sass.count("UTMALDG"), "LDG": len(re.findall(r"\bLDG", sass)),
+            "instructions": code.count("\n") + 1 if code else 0, "SHFL": len(re.findall(r"\bSHFL", code)),
+            "BAR": len(re.findall(r"\bBAR\.", code)), "STS": len(re.findall(r"\bSTS", code)),
             "sass_sha": hashlib.sha256(code.encode()).hexdigest()[:12],
             "ptxas_warnings": re.findall(r"\(C\d+\)[^\n]*", info)}

@@ -65,10 +65,12 @@ def test_knob_space_matches_root():
         assert all(split % bn == 0 for bn in FAMILY.knob("BLOCK_N").values)
     # Hopper: both paths stay in the wgmma layout family.
     # Row sums reduced over the accumulator round by MMA layout: prefill tiles stay >= 64 rows, and decode tiles
-    # below 64 rows are only launched with the layout-free (dot) row sum, a contract knob.
+    # below 64 rows or transposed are only launched with a layout-free (dot or tree) row sum, a contract knob.
     assert min(FAMILY.knob("BLOCK_M").values) >= 64 and FAMILY.knob("ROW_SUM").role == "contract"
-    assert 'KNOBS["DECODE_BLOCK_M"] if KNOBS["ROW_SUM"] == "dot" else max(KNOBS["DECODE_BLOCK_M"], 64)' in \
-        FAMILY.root_source()
+    src = FAMILY.root_source()
+    assert 'layout_free = KNOBS["ROW_SUM"] != "reduce"' in src
+    assert 'KNOBS["DECODE_BLOCK_M"] if layout_free else max(KNOBS["DECODE_BLOCK_M"], 64)' in src
+    assert 'TRANSPOSE=layout_free and KNOBS["DECODE_TRANSPOSE"]' in src
     for opp in FAMILY.opportunities():
         assert all(n in knobs for n in opp.knobs), opp.kind
 
@@ -156,15 +158,81 @@ for split, persistent in ((0, "row_blocks"), (64, "heads")):  # one program walk
                     "FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma"})
 for tile in (16, 32):  # the layout-free row sum lets decode use tiles below 64 rows
     _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "dot", "DECODE_BLOCK_M": tile, "BLOCK_M": 64})
+# The transposed decode tile (keys as MMA rows) with both layout-free row sums, every chunk layout.
+_COMBOS.append({"BLOCK_N": 16, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_TRANSPOSE": True, "DECODE_BLOCK_M": 8,
+                "BLOCK_M": 64})
+_COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "tree", "DECODE_TRANSPOSE": True, "DECODE_BLOCK_M": 8,
+                "BLOCK_M": 64, "DECODE_CHUNKS_PER_PROGRAM": 0, "DECODE_CHUNK_LOOP": "flatten", "DECODE_KV_LOADS": "tma"})
+_COMBOS.append({"BLOCK_N": 64, "SPLIT_TOKENS": 64, "ROW_SUM": "dot", "DECODE_TRANSPOSE": True, "DECODE_BLOCK_M": 16,
+                "BLOCK_M": 64, "DECODE_FINISH_SINGLE": True, "FULL_SPLIT_LOOP": "flat"})
+_COMBOS.append({"BLOCK_N": 128, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_TRANSPOSE": True,
+                "DECODE_BLOCK_M": 16, "BLOCK_M": 128})
 
 
 @pytest.mark.parametrize("knobs", _COMBOS, ids=lambda k: f"BN{k['BLOCK_N']}-split{k['SPLIT_TOKENS']}-"
                          f"{k.get('FULL_SPLIT_LOOP')}-{k.get('FULL_KV_LOADS')}-{k.get('ROW_SUM', 'reduce')}"
-                         f"{k.get('DECODE_BLOCK_M', '')}")
+                         f"{k.get('DECODE_BLOCK_M', '')}{'-T' if k.get('DECODE_TRANSPOSE') else ''}")
 def test_sampled_knob_combos_stay_consistent(knobs):
     case = {"batch": 1, "q_heads": 4, "kv_heads": 1, "head_dim": 64, "prompt": 50, "answer": 16, "scale": 0.5}
     results = FAMILY.run_checks(load(with_knobs(FAMILY.root_source(), **knobs)), case, 2, "cpu")
     assert not failed(results), failed(results)
+
+
+_TREE_PROBE = """
+
+@triton.jit
+def tree_probe(P, OUT, R: tl.constexpr, N: tl.constexpr, TRANS: tl.constexpr):
+    r = tl.arange(0, R)
+    c = tl.arange(0, N)
+    if TRANS:
+        s = _tree_rows(tl.trans(tl.load(P + c[:, None] * R + r[None, :])), N)
+    else:
+        s = _tree_rows(tl.load(P + r[:, None] * N + c[None, :]), N)
+    tl.store(OUT + r, s)
+"""
+
+
+@pytest.mark.parametrize("width", [16, 32, 64, 128])
+def test_tree_row_sum_is_the_documented_pairing(width):
+    # The tree row sum's bits are the pairing alone: reproduce it with float32 adds in torch, in both
+    # orientations (rows of a prefill tile, columns of the transposed decode tile through `tl.trans`).
+    mod = load(with_knobs(FAMILY.root_source(), ROW_SUM="tree") + _TREE_PROBE)
+    g = torch.Generator().manual_seed(width)
+    p = torch.rand((8, width), generator=g) * torch.exp2(torch.randint(-20, 20, (8, width), generator=g).float())
+    bits = int(math.log2(width))
+    x = p.view(8, *([2] * bits))  # axes 1..bits hold column bits (bits - 1) .. 0
+    order = [0, *range(3, bits), 1, 2]
+    for b in order:
+        axes = [a for a in range(bits) if a not in order[: order.index(b)]]  # column bits still present
+        axis = 1 + sorted(axes, reverse=True).index(b)
+        x = x.select(axis, 0) + x.select(axis, 1)
+    want = x
+    assert not torch.equal(want, p.sum(1))  # the data tell pairings apart
+    for trans in (False, True):
+        out = torch.empty(8)
+        src = p.t().contiguous() if trans else p
+        mod.tree_probe[(1,)](src, out, R=8, N=width, TRANS=trans)
+        assert torch.equal(out, want), (trans, (out - want).abs().max())
+
+
+def test_transposed_decode_needs_a_layout_free_row_sum():
+    # With the reduced row sum the transposed tile would round differently from prefill: decode ignores it.
+    launched = []
+    for row_sum in ("reduce", "tree"):
+        mod = load(with_knobs(FAMILY.root_source(), ROW_SUM=row_sum, DECODE_TRANSPOSE=True, DECODE_BLOCK_M=16))
+        kernel = mod._decode_kernel
+
+        class Spy:
+            def __getitem__(self, grid, kernel=kernel):
+                def launch(*args, **kw):
+                    launched.append((row_sum, kw["TRANSPOSE"], kw["BLOCK_M"]))
+                    return kernel[grid](*args, **kw)
+                return launch
+
+        mod._decode_kernel = Spy()
+        results = FAMILY.run_checks(mod, TINY, 0, "cpu")
+        assert not failed(results), failed(results)
+    assert set(launched) == {("reduce", False, 64), ("tree", True, 16)}
 
 
 def _decode_reads(source: str, knob: str, new_knob: str) -> str:
@@ -305,7 +373,8 @@ def test_root_and_hopper_knobs_compile_for_hopper():
                                       "DECODE_MERGE_LAUNCH": "pdl", "DECODE_CHUNKS_PER_PROGRAM": 0,
                                       "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
                                       "DECODE_MERGE_ROWS": 1}, True),
-                       ({"DECODE_FINISH_SINGLE": True}, False)):
+                       ({"DECODE_FINISH_SINGLE": True}, False),
+                       ({"ROW_SUM": "tree", "DECODE_TRANSPOSE": True, "DECODE_BLOCK_M": 16}, False)):
         r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
                             "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
