@@ -72,6 +72,9 @@ class AttentionFamily(Family):
              "prefill as one program per SM walking the tiles instead of one program per tile: longest row blocks "
              "first with a row block's heads side by side, or one head's row blocks side by side (K/V shared in "
              "L2), longest first"),
+        Knob("FULL_ROTATE", (False, True), "full",
+             "prefill issues the next KV block's QK dot before this block's softmax (a rotated loop), so the tensor "
+             "cores can work while the exponentials run; the same blocks with the same arithmetic"),
         Knob("DECODE_BLOCK_M", (8, 16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "

@@ -40,6 +40,7 @@ KNOBS = {
     "DECODE_MERGE_LOADS": 4,
     "FULL_PERSISTENT": "off",
     "DECODE_TRANSPOSE": False,
+    "FULL_ROTATE": False,
 }
 
 LOG2E = 1.4426950408889634
@@ -82,7 +83,12 @@ def _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N: t
     `row_limit[r]` is one past the last key row r may see. MASK=False is only used for blocks every row sees
     in full; there `where` would return the scores unchanged, so skipping it does not change any bit.
     """
-    s = tl.dot(q, k)
+    return _softmax_pv(acc, m_i, l_i, tl.dot(q, k), v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
+
+
+@triton.jit
+def _softmax_pv(acc, m_i, l_i, s, v, start_n, row_limit, qk_scale, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
+    """`_attn_block` after its QK dot: mask, online-softmax update, PV dot."""
     if MASK:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         s = tl.where(offs_n[None, :] < row_limit[:, None], s, float("-inf"))
@@ -157,16 +163,33 @@ def _attn_block_t(acc_t, m_i, l_i, q_t, k, v_t, start_n, key_limit, qk_scale, BL
 
 @triton.jit
 def _walk(acc, m_i, l_i, q, kv, lo, hi, key_limit, row_limit, qk_scale,
-          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
+          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr,
+          ROTATE: tl.constexpr = False):
     """Blocks starting at lo, lo + BLOCK_N, ... below hi, in ascending order (lo is a multiple of BLOCK_N).
 
     `kv` is (k_base, v_base, k_desc, v_desc, desc_row0): pointers to this head's keys and values, and the
-    descriptors with this head's first row (the pointers again when TMA is off)."""
+    descriptors with this head's first row (the pointers again when TMA is off). ROTATE (unmasked blocks):
+    the next block's QK dot is issued before this block's softmax, so the tensor cores work while the
+    exponentials run; each block's arithmetic is unchanged."""
     k_base, v_base, k_desc, v_desc, desc_row0 = kv
-    for start_n in range(lo, hi, BLOCK_N):
-        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
-                           TMA)
-        acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
+    if ROTATE and not MASK:
+        if lo < hi:
+            k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, lo, key_limit, HEAD_D, BLOCK_N, False,
+                               TMA)
+            s = tl.dot(q, k)
+            for start_n in range(lo, hi - BLOCK_N, BLOCK_N):
+                k_nx, v_nx = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n + BLOCK_N, key_limit,
+                                         HEAD_D, BLOCK_N, False, TMA)
+                s_nx = tl.dot(q, k_nx)
+                acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, v, start_n, row_limit, qk_scale, BLOCK_N, False)
+                s = s_nx
+                v = v_nx
+            acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, v, hi - BLOCK_N, row_limit, qk_scale, BLOCK_N, False)
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
+                               TMA)
+            acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
     return acc, m_i, l_i
 
 
@@ -225,12 +248,13 @@ def _fresh(BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr):
 
 @triton.jit
 def _chunk(q, kv, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale,
-           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+           ROTATE: tl.constexpr = False):
     """Keys [lo, hi) from a fresh softmax state: whole blocks below unmasked_hi unmasked, the rest masked."""
     acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
     mid = tl.maximum(tl.minimum(hi, unmasked_hi), lo)
     acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, lo, mid, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, False,
-                          TMA)
+                          TMA, ROTATE)
     acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, mid, hi, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, True,
                           TMA)
     return acc, m_i, l_i
@@ -288,7 +312,8 @@ def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.cons
 @triton.jit
 def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, BH,
                     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WRITE32: tl.constexpr):
+                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROTATE: tl.constexpr,
+                    WRITE32: tl.constexpr):
     if PERSISTENT != "off":
         # Programs walk the tiles a grid apart (the compiler does not pipeline across this loop's nest).
         # "row_blocks": longest causal rows first, a row block's heads side by side (equal work for
@@ -302,17 +327,17 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, BH
                 pid_m = n_m - 1 - t // BH
                 bh = t % BH
             _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_m, bh,
-                          HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
+                          HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, ROTATE, WRITE32)
     else:
         _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
                       tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1),  # longest causal rows first
-                      HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
+                      HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, ROTATE, WRITE32)
 
 
 @triton.jit
 def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_m, bh,
                   HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                  SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, WRITE32: tl.constexpr):
+                  SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, ROTATE: tl.constexpr, WRITE32: tl.constexpr):
     """Query rows [pid_m * BLOCK_M, +BLOCK_M) of (batch, query head) bh over their causal keys."""
     b = bh // HQ
     h = bh % HQ
@@ -328,7 +353,8 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
     hi = tl.minimum(tile_start + BLOCK_M, S)
     unmasked_hi = (tile_start // BLOCK_N) * BLOCK_N  # blocks ending at or before the tile's first row
     if SPLIT == 0:
-        acc, m_i, l_i = _chunk(q, kv, 0, hi, unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
+        acc, m_i, l_i = _chunk(q, kv, 0, hi, unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA,
+                               ROTATE)
     else:
         acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
         if SPLIT_LOOP == "flat":
@@ -348,14 +374,14 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
             for c in tl.range(0, n_whole, flatten=True):
                 c_acc, c_m, c_l = _fresh(BLOCK_M, HEAD_D)
                 c_acc, c_m, c_l = _walk(c_acc, c_m, c_l, q, kv, c * SPLIT, c * SPLIT + SPLIT, S, row_limit,
-                                        qk_scale, HEAD_D, BLOCK_N, False, TMA)
+                                        qk_scale, HEAD_D, BLOCK_N, False, TMA, ROTATE)
                 m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
             c_lo = n_whole * SPLIT
         else:
             c_lo = 0
         for lo in range(c_lo, hi, SPLIT):  # "nested": every chunk; otherwise the chunks left (none for "flat")
             c_acc, c_m, c_l = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, hi), unmasked_hi, S, row_limit, qk_scale,
-                                     BLOCK_M, HEAD_D, BLOCK_N, TMA)
+                                     BLOCK_M, HEAD_D, BLOCK_N, TMA, ROTATE)
             m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
     o = _finish(acc, l_i)
     tl.store(O + row0 + io, o.to(tl.bfloat16), mask=row_ok)
@@ -541,7 +567,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     grid = (min(tiles, _sm_count(q.device)),) if persistent != "off" else (triton.cdiv(S, block_m), B * HQ)
     _prefill_kernel[grid](
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
-        HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],
+        HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, ROTATE=KNOBS["FULL_ROTATE"], BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],
         SPLIT=KNOBS["SPLIT_TOKENS"],
         SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v), WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
