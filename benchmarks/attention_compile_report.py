@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     prefill = compile_sm90(mod._prefill_kernel, PREFILL_SIG, {
         "HEAD_D": args.head_dim, "BLOCK_M": kn["BLOCK_M"], "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"],
         "SPLIT_LOOP": kn["FULL_SPLIT_LOOP"], "TMA": kn["FULL_KV_LOADS"] == "tma",
-        "PERSISTENT": kn["FULL_PERSISTENT"], "ROTATE": kn.get("FULL_ROTATE", False), "WRITE32": False},
+        "PERSISTENT": kn["FULL_PERSISTENT"], "WRITE32": False},
         kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"], ALIGNED)
     split = kn["SPLIT_TOKENS"] if args.decode_split is None else args.decode_split
     cpp = kn["DECODE_CHUNKS_PER_PROGRAM"] or 8  # "auto" resolves at launch; 8 is its value at B16 ctx 8K split 256
@@ -54,8 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         "HEAD_D": args.head_dim, "BLOCK_M": block_m, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split,
         "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
         "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
-        "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "TRANSPOSE": layout_free and kn["DECODE_TRANSPOSE"],
-        "WRITE32": False},
+        "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "WRITE32": False},
         kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
     group = 4  # 32 query / 8 KV heads
     merge = compile_sm90(mod._decode_merge_kernel, MERGE_SIG, {

@@ -55,8 +55,7 @@ class AttentionFamily(Family):
         Knob("ROW_SUM", ("reduce", "dot", "tree"), "contract",
              "softmax row sums as a reduction over the accumulator (rounds by MMA layout, so both paths need tiles "
              "of >= 64 rows on Hopper), as a dot of the bf16 probabilities with a ones vector, or as a fixed tree of "
-             "pairwise adds (dot and tree are the same in every tile: decode may then use small or transposed "
-             "tiles)"),
+             "pairwise adds (dot and tree are the same in every tile: decode may then use 16- or 32-row tiles)"),
         Knob("BLOCK_M", (64, 128), "full",
              "prefill query rows per program; >= 64 keeps the wgmma layout family the decode tile uses"),
         Knob("FULL_NUM_WARPS", (4, 8), "full", "warps per prefill program"),
@@ -72,17 +71,10 @@ class AttentionFamily(Family):
              "prefill as one program per SM walking the tiles instead of one program per tile: longest row blocks "
              "first with a row block's heads side by side, or one head's row blocks side by side (K/V shared in "
              "L2), longest first"),
-        Knob("FULL_ROTATE", (False, True), "full",
-             "prefill issues the next KV block's QK dot before this block's softmax (a rotated loop), so the tensor "
-             "cores can work while the exponentials run; the same blocks with the same arithmetic"),
-        Knob("DECODE_BLOCK_M", (8, 16, 32, 64, 128), "decode",
+        Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "
              "layout family of prefill"),
-        Knob("DECODE_TRANSPOSE", (False, True), "decode",
-             "decode's tile transposed: the KV block's keys as the MMA's rows and the packed query heads as its "
-             "columns, so a GQA group of 4 fills an [BLOCK_N, DECODE_BLOCK_M] tile instead of 4 rows of a 64-row "
-             "one (far fewer exponentials and rescales per block); only with a layout-free row sum"),
         Knob("DECODE_PACK_GQA", (True, False), "decode",
              "one decode program per KV head with its query heads as rows (True) or one per query head (False)"),
         Knob("DECODE_NUM_WARPS", (4, 8), "decode", "warps per decode program"),
@@ -117,10 +109,10 @@ class AttentionFamily(Family):
                             "order; prefill reproduces the same chunks per row (joint; costs prefill a merge per "
                             "chunk)", knobs=("SPLIT_TOKENS", "DECODE_CHUNKS_PER_PROGRAM")),
             OpportunitySpec("small_decode_tile", "Sum softmax rows in a layout-free way (a dot with a ones vector, "
-                            "or a fixed pairwise tree), so decode can use a small or transposed tile for its few "
-                            "query heads instead of 64 rows mostly wasted (registers, exponentials, MMA work); the "
-                            "dot costs prefill one narrow dot per block (joint)",
-                            knobs=("ROW_SUM", "DECODE_BLOCK_M", "DECODE_TRANSPOSE")),
+                            "or a fixed pairwise tree), so decode can use a 16- or 32-row tile for its few query "
+                            "heads instead of 64 rows mostly wasted (registers, exponentials, MMA work); the dot "
+                            "costs prefill one narrow dot per block, the tree nothing (joint)",
+                            knobs=("ROW_SUM", "DECODE_BLOCK_M")),
             OpportunitySpec("kv_block", "Change the KV block width: wider blocks mean fewer online-softmax "
                             "rescales and larger MMAs, narrower ones less shared memory (joint)",
                             knobs=("BLOCK_N",)),

@@ -39,15 +39,13 @@ KNOBS = {
     "DECODE_MERGE_ROWS": 16,
     "DECODE_MERGE_LOADS": 4,
     "FULL_PERSISTENT": "off",
-    "DECODE_TRANSPOSE": False,
-    "FULL_ROTATE": False,
 }
 
 LOG2E = 1.4426950408889634
 # Row sums as a reduction over the dot's accumulator layout ("reduce"), as a dot with a ones vector ("dot") or
 # as a fixed pairwise tree ("tree"). The reduction rounds differently in 16-row (mma.sync) and 64-row (wgmma)
-# tiles; the dot and the tree are the same in every tile and orientation, which lets decode use tiles of fewer
-# than 64 rows or the transposed tile (one contract value for both paths, read as a global constexpr).
+# tiles; the dot and the tree are the same in every tile, which lets decode use tiles of fewer than 64 rows
+# (one contract value for both paths, read as a global constexpr).
 ROW_SUM_DOT = tl.constexpr(KNOBS["ROW_SUM"] == "dot")
 ROW_SUM_TREE = tl.constexpr(KNOBS["ROW_SUM"] == "tree")
 
@@ -83,12 +81,7 @@ def _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N: t
     `row_limit[r]` is one past the last key row r may see. MASK=False is only used for blocks every row sees
     in full; there `where` would return the scores unchanged, so skipping it does not change any bit.
     """
-    return _softmax_pv(acc, m_i, l_i, tl.dot(q, k), v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
-
-
-@triton.jit
-def _softmax_pv(acc, m_i, l_i, s, v, start_n, row_limit, qk_scale, BLOCK_N: tl.constexpr, MASK: tl.constexpr):
-    """`_attn_block` after its QK dot: mask, online-softmax update, PV dot."""
+    s = tl.dot(q, k)
     if MASK:
         offs_n = start_n + tl.arange(0, BLOCK_N)
         s = tl.where(offs_n[None, :] < row_limit[:, None], s, float("-inf"))
@@ -120,7 +113,7 @@ def _tree_rows(p, BLOCK_N: tl.constexpr):
     two is one commutative add), so the bits depend on the pairing only. The bit order (0, then 3 and up, then
     1 and 2) follows an MMA accumulator, whose threads hold column pairs 2t, 2t + 1 of every 8-column group and
     whose four threads t of a quad share a row: in-thread adds first, then two shuffle levels, as a plain
-    reduction over that layout costs."""
+    reduction over that layout costs (the same instruction count for the prefill tile on sm_90a)."""
     R: tl.constexpr = p.shape[0]
     tl.static_assert(BLOCK_N == 16 or BLOCK_N == 32 or BLOCK_N == 64 or BLOCK_N == 128)
     if BLOCK_N == 16:
@@ -135,105 +128,17 @@ def _tree_rows(p, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _attn_block_t(acc_t, m_i, l_i, q_t, k, v_t, start_n, key_limit, qk_scale, BLOCK_N: tl.constexpr,
-                  MASK: tl.constexpr):
-    """`_attn_block` on the transposed tile (decode): keys are the MMA's rows and the query rows its columns,
-    so a few query heads fill an [BLOCK_N, R] tile instead of wasting most of a 64-row one. Same operations on
-    the same values: the dots reduce over the same index in the same order, element-wise steps are unchanged,
-    and the row sum is the layout-free dot or tree of the transposed probabilities (never a plain reduction)."""
-    s = tl.dot(k, q_t)  # [BLOCK_N, R]
-    if MASK:
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        s = tl.where(offs_n[:, None] < key_limit, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 0))
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(tl.math.fma(s, qk_scale, -(m_use * qk_scale)[None, :]))
-    alpha = tl.math.exp2((m_i - m_use) * qk_scale)
-    p16 = p.to(tl.bfloat16)
-    if ROW_SUM_DOT:
-        ones = tl.full([16, BLOCK_N], 1.0, tl.float32).to(tl.bfloat16)
-        row_sum = tl.max(tl.dot(ones, p16), 0)
-    else:
-        row_sum = _tree_rows(tl.trans(p), BLOCK_N)
-    l_i = tl.math.fma(l_i, alpha, row_sum)
-    acc_t = acc_t * alpha[None, :]
-    acc_t = tl.dot(v_t, p16, acc_t)
-    return acc_t, m_new, l_i
-
-
-@triton.jit
 def _walk(acc, m_i, l_i, q, kv, lo, hi, key_limit, row_limit, qk_scale,
-          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr,
-          ROTATE: tl.constexpr = False):
+          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
     """Blocks starting at lo, lo + BLOCK_N, ... below hi, in ascending order (lo is a multiple of BLOCK_N).
 
     `kv` is (k_base, v_base, k_desc, v_desc, desc_row0): pointers to this head's keys and values, and the
-    descriptors with this head's first row (the pointers again when TMA is off). ROTATE (unmasked blocks):
-    the next block's QK dot is issued before this block's softmax, so the tensor cores work while the
-    exponentials run; each block's arithmetic is unchanged."""
-    k_base, v_base, k_desc, v_desc, desc_row0 = kv
-    if ROTATE and not MASK:
-        if lo < hi:
-            k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, lo, key_limit, HEAD_D, BLOCK_N, False,
-                               TMA)
-            s = tl.dot(q, k)
-            for start_n in range(lo, hi - BLOCK_N, BLOCK_N):
-                k_nx, v_nx = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n + BLOCK_N, key_limit,
-                                         HEAD_D, BLOCK_N, False, TMA)
-                s_nx = tl.dot(q, k_nx)
-                acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, v, start_n, row_limit, qk_scale, BLOCK_N, False)
-                s = s_nx
-                v = v_nx
-            acc, m_i, l_i = _softmax_pv(acc, m_i, l_i, s, v, hi - BLOCK_N, row_limit, qk_scale, BLOCK_N, False)
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
-                               TMA)
-            acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
-    return acc, m_i, l_i
-
-
-@triton.jit
-def _walk_t(acc_t, m_i, l_i, q_t, kv, lo, hi, key_limit, qk_scale,
-            HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
-    """`_walk` on the transposed decode tile: K [BLOCK_N, HEAD_D] and V^T [HEAD_D, BLOCK_N] per block."""
+    descriptors with this head's first row (the pointers again when TMA is off)."""
     k_base, v_base, k_desc, v_desc, desc_row0 = kv
     for start_n in range(lo, hi, BLOCK_N):
-        kt, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
-                            TMA)
-        acc_t, m_i, l_i = _attn_block_t(acc_t, m_i, l_i, q_t, kt.T, v.T, start_n, key_limit, qk_scale, BLOCK_N,
-                                        MASK)
-    return acc_t, m_i, l_i
-
-
-@triton.jit
-def _decode_chunk(q, kv, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale, BLOCK_M: tl.constexpr,
-                  HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr, WHOLE: tl.constexpr,
-                  TRANSPOSE: tl.constexpr):
-    """`_chunk` for decode, with q [BLOCK_M, HEAD_D] or, with TRANSPOSE, [HEAD_D, BLOCK_M]; the state comes back
-    as (acc [BLOCK_M, HEAD_D], m, l) either way. WHOLE: every key of [lo, hi) is valid, walked as one unmasked
-    loop (so a chunk loop nest around it can be flattened)."""
-    if TRANSPOSE:
-        acc_t = tl.zeros([HEAD_D, BLOCK_M], dtype=tl.float32)
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        if WHOLE:
-            acc_t, m_i, l_i = _walk_t(acc_t, m_i, l_i, q, kv, lo, hi, key_limit, qk_scale, HEAD_D, BLOCK_N, False,
-                                      TMA)
-        else:
-            mid = tl.maximum(tl.minimum(hi, unmasked_hi), lo)
-            acc_t, m_i, l_i = _walk_t(acc_t, m_i, l_i, q, kv, lo, mid, key_limit, qk_scale, HEAD_D, BLOCK_N, False,
-                                      TMA)
-            acc_t, m_i, l_i = _walk_t(acc_t, m_i, l_i, q, kv, mid, hi, key_limit, qk_scale, HEAD_D, BLOCK_N, True,
-                                      TMA)
-        acc = tl.trans(acc_t)
-    elif WHOLE:
-        acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
-        acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, lo, hi, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, False,
-                              TMA)
-    else:
-        acc, m_i, l_i = _chunk(q, kv, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N,
-                               TMA)
+        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
+                           TMA)
+        acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
     return acc, m_i, l_i
 
 
@@ -248,13 +153,12 @@ def _fresh(BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr):
 
 @triton.jit
 def _chunk(q, kv, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale,
-           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
-           ROTATE: tl.constexpr = False):
+           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
     """Keys [lo, hi) from a fresh softmax state: whole blocks below unmasked_hi unmasked, the rest masked."""
     acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
     mid = tl.maximum(tl.minimum(hi, unmasked_hi), lo)
     acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, lo, mid, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, False,
-                          TMA, ROTATE)
+                          TMA)
     acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, mid, hi, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, True,
                           TMA)
     return acc, m_i, l_i
@@ -312,8 +216,7 @@ def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.cons
 @triton.jit
 def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, BH,
                     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, ROTATE: tl.constexpr,
-                    WRITE32: tl.constexpr):
+                    SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WRITE32: tl.constexpr):
     if PERSISTENT != "off":
         # Programs walk the tiles a grid apart (the compiler does not pipeline across this loop's nest).
         # "row_blocks": longest causal rows first, a row block's heads side by side (equal work for
@@ -327,17 +230,17 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, BH
                 pid_m = n_m - 1 - t // BH
                 bh = t % BH
             _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_m, bh,
-                          HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, ROTATE, WRITE32)
+                          HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
     else:
         _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
                       tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1),  # longest causal rows first
-                      HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, ROTATE, WRITE32)
+                      HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
 
 
 @triton.jit
 def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_m, bh,
                   HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                  SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, ROTATE: tl.constexpr, WRITE32: tl.constexpr):
+                  SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, WRITE32: tl.constexpr):
     """Query rows [pid_m * BLOCK_M, +BLOCK_M) of (batch, query head) bh over their causal keys."""
     b = bh // HQ
     h = bh % HQ
@@ -353,8 +256,7 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
     hi = tl.minimum(tile_start + BLOCK_M, S)
     unmasked_hi = (tile_start // BLOCK_N) * BLOCK_N  # blocks ending at or before the tile's first row
     if SPLIT == 0:
-        acc, m_i, l_i = _chunk(q, kv, 0, hi, unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA,
-                               ROTATE)
+        acc, m_i, l_i = _chunk(q, kv, 0, hi, unmasked_hi, S, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
     else:
         acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
         if SPLIT_LOOP == "flat":
@@ -374,14 +276,14 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
             for c in tl.range(0, n_whole, flatten=True):
                 c_acc, c_m, c_l = _fresh(BLOCK_M, HEAD_D)
                 c_acc, c_m, c_l = _walk(c_acc, c_m, c_l, q, kv, c * SPLIT, c * SPLIT + SPLIT, S, row_limit,
-                                        qk_scale, HEAD_D, BLOCK_N, False, TMA, ROTATE)
+                                        qk_scale, HEAD_D, BLOCK_N, False, TMA)
                 m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
             c_lo = n_whole * SPLIT
         else:
             c_lo = 0
         for lo in range(c_lo, hi, SPLIT):  # "nested": every chunk; otherwise the chunks left (none for "flat")
             c_acc, c_m, c_l = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, hi), unmasked_hi, S, row_limit, qk_scale,
-                                     BLOCK_M, HEAD_D, BLOCK_N, TMA, ROTATE)
+                                     BLOCK_M, HEAD_D, BLOCK_N, TMA)
             m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
     o = _finish(acc, l_i)
     tl.store(O + row0 + io, o.to(tl.bfloat16), mask=row_ok)
@@ -393,10 +295,8 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
 def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                    HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                    PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr,
-                   TMA: tl.constexpr, PDL: tl.constexpr, FINISH_SINGLE: tl.constexpr, TRANSPOSE: tl.constexpr,
-                   WRITE32: tl.constexpr):
-    """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile (or as
-    columns of the transposed tile)."""
+                   TMA: tl.constexpr, PDL: tl.constexpr, FINISH_SINGLE: tl.constexpr, WRITE32: tl.constexpr):
+    """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile."""
     if PDL:
         gdc_launch_dependents()  # the merge launch may start now; it waits for this grid before reading
     g = tl.program_id(0)
@@ -417,34 +317,28 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
     offs_d = tl.arange(0, HEAD_D)
     qrow = b * HQ + h0 + rows  # query heads of this program (q is [B, HQ, 1, D])
     row_ok = rows < n_rows
-    if TRANSPOSE:
-        q = tl.load(Q + qrow[None, :] * HEAD_D + offs_d[:, None], mask=row_ok[None, :], other=0.0)
-    else:
-        q = tl.load(Q + qrow[:, None] * HEAD_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q = tl.load(Q + qrow[:, None] * HEAD_D + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     row_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + n
     n_full = (n // BLOCK_N) * BLOCK_N  # blocks below hold valid keys only; the cache past n may hold anything
     if SPLIT == 0:
-        acc, m_i, l_i = _decode_chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA,
-                                      False, TRANSPOSE)
+        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
         _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
     elif FINISH_SINGLE:
         # The whole cache fits one chunk, so every sequence has exactly one: fold it into the empty state and
         # normalise here, the merge launch's own element-wise steps (no merge is launched).
-        acc, m_i, l_i = _decode_chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA,
-                                      False, TRANSPOSE)
+        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
         f_acc, f_m, f_l = _fresh(BLOCK_M, HEAD_D)
         f_m, f_l, f_acc = _merge(f_m, f_l, f_acc, m_i, l_i, acc, qk_scale)
         _store_out(O, O32, qrow, offs_d, row_ok, _finish(f_acc, f_l), HEAD_D, WRITE32)
     else:
         _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS,
-                            N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA, TRANSPOSE)
+                            N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA)
 
 
 @triton.jit
 def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS, N_CHUNKS,
                         HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr,
-                        TRANSPOSE: tl.constexpr):
+                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr):
     """Decode program g's chunks of one sequence, each written as a partial for the merge launch."""
     c_lo = g * CHUNKS_PER_PROGRAM
     c_hi = tl.minimum(c_lo + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
@@ -454,14 +348,15 @@ def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, 
         # software pipeline; the partial last chunk of the sequence, if it is ours, goes below.
         c_whole = tl.maximum(tl.minimum(c_hi, n_full // SPLIT), c_lo)
         for c in tl.range(c_lo, c_whole, flatten=True):
-            acc, m_i, l_i = _decode_chunk(q, kv, c * SPLIT, c * SPLIT + SPLIT, n_full, n, row_limit, qk_scale,
-                                          BLOCK_M, HEAD_D, BLOCK_N, TMA, True, TRANSPOSE)
+            acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
+            acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, c * SPLIT, c * SPLIT + SPLIT, n, row_limit, qk_scale,
+                                  HEAD_D, BLOCK_N, False, TMA)
             _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
         c_lo = c_whole
     for c in range(c_lo, c_hi):
         lo = c * SPLIT
-        acc, m_i, l_i = _decode_chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
-                                      BLOCK_M, HEAD_D, BLOCK_N, TMA, False, TRANSPOSE)
+        acc, m_i, l_i = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
+                               BLOCK_M, HEAD_D, BLOCK_N, TMA)
         _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
 
 
@@ -567,7 +462,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     grid = (min(tiles, _sm_count(q.device)),) if persistent != "off" else (triton.cdiv(S, block_m), B * HQ)
     _prefill_kernel[grid](
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
-        HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, ROTATE=KNOBS["FULL_ROTATE"], BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],
+        HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],
         SPLIT=KNOBS["SPLIT_TOKENS"],
         SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v), WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
@@ -615,7 +510,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, B * HKV * s_cap, n_chunks, qk_scale,
         HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
         CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"], TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
-        FINISH_SINGLE=finish_single, TRANSPOSE=layout_free and KNOBS["DECODE_TRANSPOSE"], WRITE32=out32 is not None,
+        FINISH_SINGLE=finish_single, WRITE32=out32 is not None,
         num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
     )
     if merge:

@@ -70,7 +70,6 @@ def test_knob_space_matches_root():
     src = FAMILY.root_source()
     assert 'layout_free = KNOBS["ROW_SUM"] != "reduce"' in src
     assert 'KNOBS["DECODE_BLOCK_M"] if layout_free else max(KNOBS["DECODE_BLOCK_M"], 64)' in src
-    assert 'TRANSPOSE=layout_free and KNOBS["DECODE_TRANSPOSE"]' in src
     for opp in FAMILY.opportunities():
         assert all(n in knobs for n in opp.knobs), opp.kind
 
@@ -158,20 +157,16 @@ for split, persistent in ((0, "row_blocks"), (64, "heads")):  # one program walk
                     "FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma"})
 for tile in (16, 32):  # the layout-free row sum lets decode use tiles below 64 rows
     _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "dot", "DECODE_BLOCK_M": tile, "BLOCK_M": 64})
-# The transposed decode tile (keys as MMA rows) with both layout-free row sums, every chunk layout.
-_COMBOS.append({"BLOCK_N": 16, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_TRANSPOSE": True, "DECODE_BLOCK_M": 8,
-                "BLOCK_M": 64})
-_COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "tree", "DECODE_TRANSPOSE": True, "DECODE_BLOCK_M": 8,
-                "BLOCK_M": 64, "DECODE_CHUNKS_PER_PROGRAM": 0, "DECODE_CHUNK_LOOP": "flatten", "DECODE_KV_LOADS": "tma"})
-_COMBOS.append({"BLOCK_N": 64, "SPLIT_TOKENS": 64, "ROW_SUM": "dot", "DECODE_TRANSPOSE": True, "DECODE_BLOCK_M": 16,
-                "BLOCK_M": 64, "DECODE_FINISH_SINGLE": True, "FULL_SPLIT_LOOP": "flat"})
-_COMBOS.append({"BLOCK_N": 128, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_TRANSPOSE": True,
-                "DECODE_BLOCK_M": 16, "BLOCK_M": 128})
+# The tree row sum with every block width the interpreter reaches, small decode tiles, both split layouts.
+_COMBOS.append({"BLOCK_N": 16, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_BLOCK_M": 16, "BLOCK_M": 64})
+_COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "tree", "DECODE_BLOCK_M": 16, "BLOCK_M": 64,
+                "DECODE_CHUNKS_PER_PROGRAM": 0, "DECODE_CHUNK_LOOP": "flatten", "DECODE_KV_LOADS": "tma"})
+_COMBOS.append({"BLOCK_N": 128, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_BLOCK_M": 32, "BLOCK_M": 128})
 
 
 @pytest.mark.parametrize("knobs", _COMBOS, ids=lambda k: f"BN{k['BLOCK_N']}-split{k['SPLIT_TOKENS']}-"
                          f"{k.get('FULL_SPLIT_LOOP')}-{k.get('FULL_KV_LOADS')}-{k.get('ROW_SUM', 'reduce')}"
-                         f"{k.get('DECODE_BLOCK_M', '')}{'-T' if k.get('DECODE_TRANSPOSE') else ''}")
+                         f"{k.get('DECODE_BLOCK_M', '')}")
 def test_sampled_knob_combos_stay_consistent(knobs):
     case = {"batch": 1, "q_heads": 4, "kv_heads": 1, "head_dim": 64, "prompt": 50, "answer": 16, "scale": 0.5}
     results = FAMILY.run_checks(load(with_knobs(FAMILY.root_source(), **knobs)), case, 2, "cpu")
@@ -215,24 +210,23 @@ def test_tree_row_sum_is_the_documented_pairing(width):
         assert torch.equal(out, want), (trans, (out - want).abs().max())
 
 
-def test_transposed_decode_needs_a_layout_free_row_sum():
-    # With the reduced row sum the transposed tile would round differently from prefill: decode ignores it.
-    launched = []
+def test_small_decode_tiles_need_a_layout_free_row_sum():
+    # With the reduced row sum a 16-row tile would round differently from prefill's: decode keeps 64 rows.
+    launched = set()
     for row_sum in ("reduce", "tree"):
-        mod = load(with_knobs(FAMILY.root_source(), ROW_SUM=row_sum, DECODE_TRANSPOSE=True, DECODE_BLOCK_M=16))
-        kernel = mod._decode_kernel
+        mod = load(with_knobs(FAMILY.root_source(), ROW_SUM=row_sum, DECODE_BLOCK_M=16))
 
         class Spy:
-            def __getitem__(self, grid, kernel=kernel):
+            def __getitem__(self, grid, kernel=mod._decode_kernel, row_sum=row_sum):
                 def launch(*args, **kw):
-                    launched.append((row_sum, kw["TRANSPOSE"], kw["BLOCK_M"]))
+                    launched.add((row_sum, kw["BLOCK_M"]))
                     return kernel[grid](*args, **kw)
                 return launch
 
         mod._decode_kernel = Spy()
         results = FAMILY.run_checks(mod, TINY, 0, "cpu")
         assert not failed(results), failed(results)
-    assert set(launched) == {("reduce", False, 64), ("tree", True, 16)}
+    assert launched == {("reduce", 64), ("tree", 16)}
 
 
 def _decode_reads(source: str, knob: str, new_knob: str) -> str:
@@ -374,7 +368,7 @@ def test_root_and_hopper_knobs_compile_for_hopper():
                                       "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
                                       "DECODE_MERGE_ROWS": 1}, True),
                        ({"DECODE_FINISH_SINGLE": True}, False),
-                       ({"ROW_SUM": "tree", "DECODE_TRANSPOSE": True, "DECODE_BLOCK_M": 16}, False)):
+                       ({"ROW_SUM": "tree"}, False)):
         r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
                             "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
