@@ -217,7 +217,18 @@ def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.cons
 def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, BH,
                     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                     SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WRITE32: tl.constexpr):
-    if PERSISTENT != "off":
+    if PERSISTENT == "snake":
+        # Longest row blocks first (a row block's heads side by side), dealt like cards: program p takes the
+        # p-th tile of even rounds and the p-th from the end of odd ones, so long and short tiles pair up.
+        n_m = tl.cdiv(S, BLOCK_M)
+        n_tiles = n_m * BH
+        n_prog = tl.num_programs(0)
+        for j in range(0, tl.cdiv(n_tiles, n_prog)):
+            t = j * n_prog + tl.where(j % 2 == 0, tl.program_id(0), n_prog - 1 - tl.program_id(0))
+            if t < n_tiles:
+                _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, n_m - 1 - t // BH, t % BH,
+                              HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
+    elif PERSISTENT != "off":
         # Programs walk the tiles a grid apart (the compiler does not pipeline across this loop's nest).
         # "row_blocks": longest causal rows first, a row block's heads side by side (equal work for
         # neighbours); "heads": a head's row blocks side by side, longest first (neighbours share K/V in L2).
@@ -429,6 +440,9 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
     _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
 
 
+TMA_MIN_SEQ = 2048
+
+
 def _qk_scale(sm_scale: float) -> float:
     return float(sm_scale) * LOG2E
 
@@ -443,9 +457,12 @@ def _tma_alloc(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _use_tma(knob: str, *tensors: torch.Tensor) -> bool:
-    """TMA tensor descriptors need 16-byte aligned bases (rows are HEAD_D * 2 bytes, always aligned)."""
-    ok = KNOBS[knob] == "tma" and all(t.data_ptr() % 16 == 0 for t in tensors)
+def _use_tma(knob: str, *tensors: torch.Tensor, seq: int = 0) -> bool:
+    """TMA tensor descriptors need 16-byte aligned bases (rows are HEAD_D * 2 bytes, always aligned). "auto"
+    (prefill): TMA from TMA_MIN_SEQ tokens, where its longer loops repay building descriptors in every program."""
+    mode = KNOBS[knob]
+    use = mode == "tma" or (mode == "auto" and seq >= TMA_MIN_SEQ)
+    ok = use and all(t.data_ptr() % 16 == 0 for t in tensors)
     if ok and tensors[0].is_cuda:
         triton.set_allocator(_tma_alloc)  # scratch for the in-kernel descriptors
     return ok
@@ -464,7 +481,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
         HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],
         SPLIT=KNOBS["SPLIT_TOKENS"],
-        SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v), WRITE32=out32 is not None,
+        SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v, seq=S), WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
     )
 

@@ -157,6 +157,9 @@ for split, persistent in ((0, "row_blocks"), (64, "heads")):  # one program walk
                     "FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma"})
 for tile in (16, 32):  # the layout-free row sum lets decode use tiles below 64 rows
     _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "dot", "DECODE_BLOCK_M": tile, "BLOCK_M": 64})
+for loads in ("auto", "tma"):  # auto: pointer loads below 2048 tokens (every CPU case), TMA above
+    _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "FULL_KV_LOADS": loads, "FULL_PERSISTENT": "snake",
+                    "BLOCK_M": 64, "FULL_SPLIT_LOOP": "flatten"})
 # The tree row sum with every block width the interpreter reaches, small decode tiles, both split layouts.
 _COMBOS.append({"BLOCK_N": 16, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_BLOCK_M": 16, "BLOCK_M": 64})
 _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "tree", "DECODE_BLOCK_M": 16, "BLOCK_M": 64,
@@ -208,6 +211,24 @@ def test_tree_row_sum_is_the_documented_pairing(width):
         src = p.t().contiguous() if trans else p
         mod.tree_probe[(1,)](src, out, R=8, N=width, TRANS=trans)
         assert torch.equal(out, want), (trans, (out - want).abs().max())
+
+
+@pytest.mark.parametrize("sms", [3, 5])
+def test_snake_persistent_prefill_covers_every_tile(sms):
+    # Several programs dealing the tiles forwards and backwards in turn (on the CPU `_sm_count` is 1 otherwise):
+    # a tile dealt twice or never shows up as a mismatch or as the harness's NaN poison.
+    mod = load(with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=64, BLOCK_M=64, FULL_PERSISTENT="snake"))
+    mod._sm_count = lambda device: sms
+    case = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 150, "answer": 20, "scale": 1.0}
+    results = FAMILY.run_checks(mod, case, 6, "cpu")  # 3 row blocks x 8 heads: 24 tiles over 3 or 5 programs
+    assert not failed(results), failed(results)
+
+
+def test_auto_kv_loads_switch_at_2048_tokens():
+    mod = load(with_knobs(FAMILY.root_source(), FULL_KV_LOADS="auto"))
+    t = torch.zeros(16, dtype=torch.bfloat16)
+    assert [mod._use_tma("FULL_KV_LOADS", t, t, seq=s) for s in (1152, 2047, 2048, 16384)] == \
+        [False, False, True, True]
 
 
 def test_small_decode_tiles_need_a_layout_free_row_sum():
