@@ -65,7 +65,7 @@ def test_knob_space_matches_root():
         assert all(split % bn == 0 for bn in FAMILY.knob("BLOCK_N").values)
     # Hopper: both paths stay in the wgmma layout family.
     # Row sums reduced over the accumulator round by MMA layout: prefill tiles stay >= 64 rows, and decode tiles
-    # below 64 rows or transposed are only launched with a layout-free (dot or tree) row sum, a contract knob.
+    # below 64 rows are only launched with a layout-free (dot or tree) row sum, a contract knob.
     assert min(FAMILY.knob("BLOCK_M").values) >= 64 and FAMILY.knob("ROW_SUM").role == "contract"
     src = FAMILY.root_source()
     assert 'layout_free = KNOBS["ROW_SUM"] != "reduce"' in src
@@ -192,8 +192,8 @@ def tree_probe(P, OUT, R: tl.constexpr, N: tl.constexpr, TRANS: tl.constexpr):
 
 @pytest.mark.parametrize("width", [16, 32, 64, 128])
 def test_tree_row_sum_is_the_documented_pairing(width):
-    # The tree row sum's bits are the pairing alone: reproduce it with float32 adds in torch, in both
-    # orientations (rows of a prefill tile, columns of the transposed decode tile through `tl.trans`).
+    # The tree row sum's bits are the pairing alone: reproduce it with float32 adds in torch, with the rows
+    # loaded as rows and loaded as columns then transposed (another layout of the same values).
     mod = load(with_knobs(FAMILY.root_source(), ROW_SUM="tree") + _TREE_PROBE)
     g = torch.Generator().manual_seed(width)
     p = torch.rand((8, width), generator=g) * torch.exp2(torch.randint(-20, 20, (8, width), generator=g).float())
