@@ -67,11 +67,11 @@ class AttentionFamily(Family):
         Knob("FULL_KV_LOADS", ("pointer", "tma", "auto"), "full",
              "how prefill loads K/V tiles of blocks every row sees in full: pointer loads or TMA tensor "
              "descriptors (same tiles, so same bits); auto: TMA from 2048 tokens, pointers below"),
-        Knob("FULL_PERSISTENT", ("off", "row_blocks", "heads", "snake"), "full",
+        Knob("FULL_PERSISTENT", ("off", "row_blocks", "heads", "snake", "auto"), "full",
              "prefill as one program per SM walking the tiles instead of one program per tile: longest row blocks "
              "first with a row block's heads side by side, or one head's row blocks side by side (K/V shared in "
              "L2), longest first; snake: the row_blocks order dealt forwards and backwards in turn, so every "
-             "program gets long and short tiles"),
+             "program gets long and short tiles; auto: snake for launches of at most 8 waves of tiles, else off"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "

@@ -441,6 +441,7 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
 
 
 TMA_MIN_SEQ = 2048
+PERSISTENT_MAX_WAVES = 8
 
 
 def _qk_scale(sm_scale: float) -> float:
@@ -475,8 +476,11 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     HKV = k.shape[1]
     block_m = KNOBS["BLOCK_M"]
     tiles = triton.cdiv(S, block_m) * B * HQ
+    sms = _sm_count(q.device)
     persistent = KNOBS["FULL_PERSISTENT"]
-    grid = (min(tiles, _sm_count(q.device)),) if persistent != "off" else (triton.cdiv(S, block_m), B * HQ)
+    if persistent == "auto":  # few tiles: the causal tail dominates, and dealing them balances it
+        persistent = "snake" if tiles <= PERSISTENT_MAX_WAVES * sms else "off"
+    grid = (min(tiles, sms),) if persistent != "off" else (triton.cdiv(S, block_m), B * HQ)
     _prefill_kernel[grid](
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
         HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],

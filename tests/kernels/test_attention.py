@@ -224,6 +224,29 @@ def test_snake_persistent_prefill_covers_every_tile(sms):
     assert not failed(results), failed(results)
 
 
+def test_auto_persistence_deals_small_launches_only():
+    # "auto": snake programs while the tiles fit 8 waves over the SMs, one program per tile beyond; both
+    # launches must agree with decode (checked through the family's cases with 2 "SMs": 16 tiles at most).
+    mod = load(with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=64, BLOCK_M=64, FULL_PERSISTENT="auto"))
+    mod._sm_count = lambda device: 2
+    kernel, seen = mod._prefill_kernel, set()
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                seen.add((len(grid), kw["PERSISTENT"]))
+                return kernel[grid](*args, **kw)
+            return launch
+
+    mod._prefill_kernel = Spy()
+    small = {"batch": 1, "q_heads": 2, "kv_heads": 1, "head_dim": 64, "prompt": 100, "answer": 20, "scale": 1.0}
+    big = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 200, "answer": 20, "scale": 1.0}
+    for case in (small, big):  # 2 x 2 = 4 tiles (snake), 4 x 8 = 32 tiles (one program per tile)
+        results = FAMILY.run_checks(mod, case, 7, "cpu")
+        assert not failed(results), failed(results)
+    assert seen == {(1, "snake"), (2, "off")}
+
+
 def test_auto_kv_loads_switch_at_2048_tokens():
     mod = load(with_knobs(FAMILY.root_source(), FULL_KV_LOADS="auto"))
     t = torch.zeros(16, dtype=torch.bfloat16)
