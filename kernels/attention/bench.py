@@ -51,6 +51,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # merge tile sized to the GQA group): what campaign 4 promoted from the root, here with the Hopper knobs.
     "hopper_merge": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl",
                      "DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1},
+    # The same with prefill's shape-driven launches: pointer loads below 2048 tokens, snake-dealt persistent
+    # programs for launches of at most 8 waves of tiles (the best measured, run 19).
+    "hopper_auto": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "auto", "FULL_PERSISTENT": "auto",
+                    "DECODE_MERGE_LAUNCH": "pdl", "DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8,
+                    "DECODE_MERGE_ROWS": 1},
 }
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.

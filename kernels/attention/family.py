@@ -126,7 +126,7 @@ class AttentionFamily(Family):
                                    "DECODE_CHUNKS_PER_PROGRAM", "DECODE_CHUNK_LOOP")),
             OpportunitySpec("prefill_hopper", "Load K/V tiles with TMA tensor descriptors and let the compiler "
                             "flatten the split-KV chunk loop nest into one software pipeline; beyond the knobs, "
-                            "warp-specialise loads and MMAs or make the prefill grid persistent. Keep the dot shapes, "
+                            "warp-specialise loads and MMAs or make short launches persistent. Keep the dot shapes, "
                             "block order and per-block arithmetic unchanged so decode still agrees", paths=("full",),
                             knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
