@@ -218,34 +218,38 @@ def _prefill_kernel(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, BH
                     HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                     SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, WRITE32: tl.constexpr):
     if PERSISTENT == "snake":
-        # Longest row blocks first (a row block's heads side by side), dealt like cards: program p takes the
-        # p-th tile of even rounds and the p-th from the end of odd ones, so long and short tiles pair up.
+        # The row_blocks order dealt like cards: program p takes the p-th tile of even rounds and the p-th from
+        # the end of odd ones, so long and short tiles pair up.
         n_m = tl.cdiv(S, BLOCK_M)
         n_tiles = n_m * BH
         n_prog = tl.num_programs(0)
         for j in range(0, tl.cdiv(n_tiles, n_prog)):
             t = j * n_prog + tl.where(j % 2 == 0, tl.program_id(0), n_prog - 1 - tl.program_id(0))
             if t < n_tiles:
-                _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, n_m - 1 - t // BH, t % BH,
+                pid_m, bh = _tile_at(t, n_m, BH, False)
+                _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_m, bh,
                               HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
     elif PERSISTENT != "off":
         # Programs walk the tiles a grid apart (the compiler does not pipeline across this loop's nest).
-        # "row_blocks": longest causal rows first, a row block's heads side by side (equal work for
-        # neighbours); "heads": a head's row blocks side by side, longest first (neighbours share K/V in L2).
         n_m = tl.cdiv(S, BLOCK_M)
         for t in tl.range(tl.program_id(0), n_m * BH, tl.num_programs(0)):
-            if PERSISTENT == "heads":
-                pid_m = n_m - 1 - t % n_m
-                bh = t // n_m
-            else:
-                pid_m = n_m - 1 - t // BH
-                bh = t % BH
+            pid_m, bh = _tile_at(t, n_m, BH, PERSISTENT == "heads")
             _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_m, bh,
                           HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
     else:
         _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
                       tl.num_programs(0) - 1 - tl.program_id(0), tl.program_id(1),  # longest causal rows first
                       HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
+
+
+@triton.jit
+def _tile_at(t, n_m, BH, HEADS_FIRST: tl.constexpr):
+    """(row block, batch * head) of persistent tile t, longest causal rows first. "row_blocks" order: a row
+    block's BH heads side by side (equal work for neighbours); HEADS_FIRST: a head's n_m row blocks side by
+    side (neighbours share K/V in L2)."""
+    if HEADS_FIRST:
+        return n_m - 1 - t % n_m, t // n_m
+    return n_m - 1 - t // BH, t % BH
 
 
 @triton.jit
@@ -475,12 +479,13 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
     block_m = KNOBS["BLOCK_M"]
-    tiles = triton.cdiv(S, block_m) * B * HQ
+    n_m = triton.cdiv(S, block_m)
+    tiles = n_m * B * HQ
     sms = _sm_count(q.device)
     persistent = KNOBS["FULL_PERSISTENT"]
     if persistent == "auto":  # few tiles: the causal tail dominates, and dealing them balances it
         persistent = "snake" if tiles <= PERSISTENT_MAX_WAVES * sms else "off"
-    grid = (min(tiles, sms),) if persistent != "off" else (triton.cdiv(S, block_m), B * HQ)
+    grid = (min(tiles, sms),) if persistent != "off" else (n_m, B * HQ)
     _prefill_kernel[grid](
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
         HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],

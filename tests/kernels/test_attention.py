@@ -46,6 +46,20 @@ def load(source: str) -> ModuleType:
     return module
 
 
+def record_launches(mod: ModuleType, kernel: str, record) -> None:
+    """Replace ``mod.<kernel>`` by a launcher that calls ``record(grid, kwargs)`` before each real launch."""
+    real = getattr(mod, kernel)
+
+    class Recorder:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                record(grid, kw)
+                return real[grid](*args, **kw)
+            return launch
+
+    setattr(mod, kernel, Recorder())
+
+
 def with_knobs(source: str, **changes) -> str:
     return write_knobs(source, {**read_knobs(source), **changes})
 
@@ -229,16 +243,8 @@ def test_auto_persistence_deals_small_launches_only():
     # launches must agree with decode (checked through the family's cases with 2 "SMs": 16 tiles at most).
     mod = load(with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=64, BLOCK_M=64, FULL_PERSISTENT="auto"))
     mod._sm_count = lambda device: 2
-    kernel, seen = mod._prefill_kernel, set()
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*args, **kw):
-                seen.add((len(grid), kw["PERSISTENT"]))
-                return kernel[grid](*args, **kw)
-            return launch
-
-    mod._prefill_kernel = Spy()
+    seen = set()
+    record_launches(mod, "_prefill_kernel", lambda grid, kw: seen.add((len(grid), kw["PERSISTENT"])))
     small = {"batch": 1, "q_heads": 2, "kv_heads": 1, "head_dim": 64, "prompt": 100, "answer": 20, "scale": 1.0}
     big = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 200, "answer": 20, "scale": 1.0}
     for case in (small, big):  # 2 x 2 = 4 tiles (snake), 4 x 8 = 32 tiles (one program per tile)
@@ -259,15 +265,7 @@ def test_small_decode_tiles_need_a_layout_free_row_sum():
     launched = set()
     for row_sum in ("reduce", "tree"):
         mod = load(with_knobs(FAMILY.root_source(), ROW_SUM=row_sum, DECODE_BLOCK_M=16))
-
-        class Spy:
-            def __getitem__(self, grid, kernel=mod._decode_kernel, row_sum=row_sum):
-                def launch(*args, **kw):
-                    launched.add((row_sum, kw["BLOCK_M"]))
-                    return kernel[grid](*args, **kw)
-                return launch
-
-        mod._decode_kernel = Spy()
+        record_launches(mod, "_decode_kernel", lambda grid, kw, r=row_sum: launched.add((r, kw["BLOCK_M"])))
         results = FAMILY.run_checks(mod, TINY, 0, "cpu")
         assert not failed(results), failed(results)
     assert launched == {("reduce", 64), ("tree", 16)}
