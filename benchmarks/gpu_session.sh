@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
-# measurements named in $@ (attention VARIANTS_JSON | attention_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
+# measurements named in $@ (attention VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
 # model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
@@ -59,6 +59,13 @@ while [ $# -gt 0 ]; do
         --check-variants hopper --budget-s 540 --out "$OUT/attention_grid.json" 2>&1 | tail -70 ;;
     attention_full)
       timeout 540 python3 benchmarks/attention_gpu.py --budget-s 500 --out "$OUT/attention_full.json" 2>&1 | tail -40 ;;
+    attention_ws)  # the warp-specialised Gluon prefill: a smoke launch first (a hang must not eat the call),
+      # then its bitwise checks and the grid's prefill/train cells against the Triton prefill and cuDNN
+      timeout 120 python3 benchmarks/attention_ws_gpu.py --smoke --out /dev/null ${WS_ARGS:-} 2>&1 | tail -8
+      if [ "${PIPESTATUS[0]}" = 0 ]; then
+        timeout $(( ${ATTN_BUDGET_S:-330} + 60 )) python3 benchmarks/attention_ws_gpu.py --budget-s ${ATTN_BUDGET_S:-330} \
+          ${WS_ARGS:-} --out "$OUT/attention_ws.json" 2>&1 | tail -60
+      fi ;;
     model)
       timeout 150 python3 benchmarks/model_consistency_gpu.py --out "$OUT/model_consistency.json" 2>&1 | tail -15 ;;
     rowwise_sweep)

@@ -1,0 +1,156 @@
+"""The warp-specialised Gluon prefill (`kernels/attention/ws_prefill.py`) on a Hopper GPU: bits, then speed.
+
+1. Bits: the family's consistency checks (bf16 and pre-cast fp32) with the Gluon kernel as the prefill and the
+   Triton family's decode, on cases whose lengths are whole 128-row tiles (the only ones it covers); then, on
+   every timed cell, its bf16 output against the Triton prefill's, bit for bit.
+2. Speed: the prefill / train_forward cells of the paper grid, Gluon (each --num-buf) against the Triton prefill
+   (--variant knobs) and cuDNN SDPA, on the same inputs.
+
+    python benchmarks/attention_ws_gpu.py --out ws.json [--smoke] [--num-buf 2,4] [--cells all|S<=4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import math
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from kernels.attention import bench, ws_prefill  # noqa: E402
+from kernels.attention.family import AttentionFamily  # noqa: E402
+
+FAMILY = AttentionFamily()
+# Consistency cases of whole 128-row tiles: GQA 4 and 8, MHA, head dims 64 and 128, three input scales.
+CASES = [
+    {"batch": 2, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "prompt": 1920, "answer": 128, "scale": 1.0},
+    {"batch": 1, "q_heads": 8, "kv_heads": 1, "head_dim": 128, "prompt": 4096, "answer": 128, "scale": 3.0},
+    {"batch": 3, "q_heads": 4, "kv_heads": 4, "head_dim": 64, "prompt": 896, "answer": 128, "scale": 0.3},
+]
+
+
+def ws_variant(name: str, knobs: dict):
+    """"nb4": 4 K/V slots, one MMA at a time; "ov4": the next QK^T overlapping this block's PV; "pp4": that,
+    and the two warpgroups taking turns to issue their MMAs."""
+    if name[:2] not in ("nb", "ov", "pp"):
+        raise SystemExit(f"--ws: unknown variant {name!r} (nbN, ovN or ppN)")
+    return functools.partial(ws_prefill.prefill, block_n=knobs["BLOCK_N"], split=knobs["SPLIT_TOKENS"],
+                             num_buf=int(name[2:]), overlap=name[:2] == "ov", pingpong=name[:2] == "pp")
+
+
+def checks(triton_mod, prefill, seeds: list[int]) -> dict:
+    shim = types.SimpleNamespace(prefill=prefill, decode=triton_mod.decode)
+    res = {"checks": 0, "failed": []}
+    for case in CASES:
+        for seed in seeds:
+            for c in FAMILY.run_checks(shim, case, seed, "cuda"):
+                res["checks"] += 1
+                if not c.passed:
+                    res["failed"].append(c.to_dict())
+    return res
+
+
+def time_cell(phase: str, B: int, S: int, impls: dict, rows: list, bits: list) -> None:
+    from triton.testing import do_bench
+
+    HQ, HKV, D = bench.HQ, bench.HKV, bench.D
+    gen = torch.Generator(device="cuda").manual_seed(B * 100003 + S)
+    q = torch.randn((B, HQ, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+    scale = 1 / math.sqrt(D)
+    flops = 4 * B * HQ * D * S * (S + 1) / 2
+    cell = f"{phase} B{B} S{S}"
+    outs = {}
+    with bench._sdpa("cudnn"):
+        fn = functools.partial(torch.nn.functional.scaled_dot_product_attention, q, k, v, is_causal=True,
+                               scale=scale, enable_gqa=True)
+        fn()
+        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
+    rows.append({"phase": phase, "cell": cell, "impl": "sdpa_cudnn", "ms": ms, "TFLOPs": flops / ms / 1e9})
+    for name, f in impls.items():
+        out = torch.empty_like(q)
+        try:
+            f(q, k, v, scale, out)
+            torch.cuda.synchronize()
+            ms = do_bench(functools.partial(f, q, k, v, scale, out), warmup=25, rep=100, return_mode="median")
+            rows.append({"phase": phase, "cell": cell, "impl": name, "ms": ms, "TFLOPs": flops / ms / 1e9})
+            outs[name] = out
+        except Exception as e:  # noqa: BLE001 - one failing variant is a result
+            rows.append({"phase": phase, "cell": cell, "impl": name, "error": repr(e)[:300]})
+    ref = outs.get("triton")
+    for name, out in outs.items():
+        if name != "triton" and ref is not None:
+            differ = int((out.view(torch.int16) != ref.view(torch.int16)).sum())
+            bits.append({"cell": cell, "impl": name, "elements_differing_from_triton": differ})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--ws", default="nb2,ov4,pp4", help="Gluon variants: nbN (N K/V slots), ovN (overlapped), ppN (ping-pong)")
+    ap.add_argument("--variant", default="hopper_auto", help="Triton knobs (a name in bench.VARIANTS)")
+    ap.add_argument("--smoke", action="store_true", help="one small launch and its checks only")
+    ap.add_argument("--max-seq", type=int, default=1 << 20)
+    ap.add_argument("--budget-s", type=float, default=400)
+    args = ap.parse_args()
+    t0 = time.time()
+    tmp = Path(tempfile.mkdtemp())
+    tmod, knobs = bench.load_variant(args.variant, bench.VARIANTS[args.variant], tmp)
+    names = args.ws.split(",")
+    variants = {f"ws_{n}": ws_variant(n, knobs) for n in names}
+    import triton
+
+    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+              "triton_variant": args.variant, "knobs": knobs, "consistency": {}, "bits_vs_triton": [], "timings": []}
+    if args.smoke:
+        q = torch.randn((1, 4, 256, 128), device="cuda", dtype=torch.bfloat16)
+        k = torch.randn((1, 2, 256, 128), device="cuda", dtype=torch.bfloat16)
+        out, ref = torch.empty_like(q), torch.empty_like(q)
+        tmod.prefill(q, k, k, 0.088, ref)
+        for name, f in variants.items():
+            f(q, k, k, 0.088, out)
+            torch.cuda.synchronize()
+            print(f"smoke {name}: differing elements", int((out.view(torch.int16) != ref.view(torch.int16)).sum()),
+                  "max abs", float((out.float() - ref.float()).abs().max()), flush=True)
+        return 0
+    for name, f in variants.items():
+        r = checks(tmod, f, [0, 1])
+        report["consistency"][name] = r
+        print(f"consistency {name}: {r['checks'] - len(r['failed'])}/{r['checks']} passed "
+              f"({time.time() - t0:.0f} s)", flush=True)
+        for fail in r["failed"][:4]:
+            print("  FAILED", str(fail)[:300])
+    impls = {"triton": tmod.prefill, **variants}
+    _, cells = bench.grid_cells()
+    for phase, B, S in sorted(cells, key=lambda c: c[2] * c[1]):
+        if args.max_seq < S:
+            continue
+        if time.time() - t0 > args.budget_s:
+            report.setdefault("skipped", []).append(f"{phase} B{B} S{S}")
+            continue
+        time_cell(phase, B, S, impls, report["timings"], report["bits_vs_triton"])
+        line = [r for r in report["timings"] if r["cell"] == f"{phase} B{B} S{S}"]
+        print(f"{phase} B{B} S{S}: " + " ".join(f"{r['impl']}={r.get('ms', float('nan')):.4g}" for r in line),
+              flush=True)
+    report["geomean_speedup_vs_peer"] = bench.geomeans(report["timings"])
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    for phase, g in report["geomean_speedup_vs_peer"].items():
+        print(phase, {k: round(v, 3) for k, v in g.items() if not k.endswith("_cells")})
+    bad = [b for b in report["bits_vs_triton"] if b["elements_differing_from_triton"]]
+    print("cells whose bits differ from the Triton prefill:", len(bad), "of", len(report["bits_vs_triton"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
