@@ -1,12 +1,14 @@
-"""The warp-specialised Gluon prefill (`kernels/attention/ws_prefill.py`) on a Hopper GPU: bits, then speed.
+"""The warp-specialised Gluon prefill (the family's FULL_IMPL="gluon_ws") on a Hopper GPU: bits, then speed.
 
-1. Bits: the family's consistency checks (bf16 and pre-cast fp32) with the Gluon kernel as the prefill and the
-   Triton family's decode, on cases whose lengths are whole 128-row tiles (the only ones it covers); then, on
-   every timed cell, its bf16 output against the Triton prefill's, bit for bit.
-2. Speed: the prefill / train_forward cells of the paper grid, Gluon (each --num-buf) against the Triton prefill
+1. Bits: the family's consistency checks (bf16 and pre-cast fp32; the Gluon prefill against the Triton decode)
+   on cases of whole 128-row tiles; then, on every timed cell, its bf16 output against the Triton prefill's,
+   bit for bit.
+2. Speed: the prefill / train_forward cells of the paper grid, each Gluon variant against the Triton prefill
    (--variant knobs) and cuDNN SDPA, on the same inputs.
 
-    python benchmarks/attention_ws_gpu.py --out ws.json [--smoke] [--num-buf 2,4] [--cells all|S<=4096]
+    python benchmarks/attention_ws_gpu.py --out ws.json [--ws nb2,ov4] [--variant hopper_auto] [--max-seq N]
+
+(`benchmarks/attention_ws_smoke.py` first: a hang then costs seconds.)
 """
 
 from __future__ import annotations
@@ -19,14 +21,13 @@ import math
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from kernels.attention import bench, ws_prefill  # noqa: E402
+from kernels.attention import bench  # noqa: E402
 from kernels.attention.family import AttentionFamily  # noqa: E402
 
 FAMILY = AttentionFamily()
@@ -38,21 +39,22 @@ CASES = [
 ]
 
 
-def ws_variant(name: str, knobs: dict):
-    """"nb4": 4 K/V slots, one MMA at a time; "ov4": the next QK^T overlapping this block's PV; "pp4": that,
-    and the two warpgroups taking turns to issue their MMAs."""
-    if name[:2] not in ("nb", "ov", "pp"):
-        raise SystemExit(f"--ws: unknown variant {name!r} (nbN, ovN or ppN)")
-    return functools.partial(ws_prefill.prefill, block_n=knobs["BLOCK_N"], split=knobs["SPLIT_TOKENS"],
-                             num_buf=int(name[2:]), overlap=name[:2] == "ov", pingpong=name[:2] == "pp")
+def ws_variant(name: str, changes: dict, folder: Path):
+    """"nb4": the Gluon prefill with 4 K/V slots, one MMA at a time; "ov4": the next QK^T overlapping this
+    block's PV (FULL_WS_SCHEDULE), on top of the Triton variant's knob changes."""
+    if name[:2] not in ("nb", "ov") or not name[2:].isdigit():
+        raise SystemExit(f"--ws: unknown variant {name!r} (nbN or ovN)")
+    mod, _ = bench.load_variant(f"ws_{name}", {**changes, "FULL_IMPL": "gluon_ws", "FULL_WS_BUFFERS": int(name[2:]),
+                                               "FULL_WS_SCHEDULE": "overlap" if name[:2] == "ov" else "serial"},
+                                folder)
+    return mod
 
 
-def checks(triton_mod, prefill, seeds: list[int]) -> dict:
-    shim = types.SimpleNamespace(prefill=prefill, decode=triton_mod.decode)
+def checks(mod, seeds: list[int]) -> dict:
     res = {"checks": 0, "failed": []}
     for case in CASES:
         for seed in seeds:
-            for c in FAMILY.run_checks(shim, case, seed, "cuda"):
+            for c in FAMILY.run_checks(mod, case, seed, "cuda"):
                 res["checks"] += 1
                 if not c.passed:
                     res["failed"].append(c.to_dict())
@@ -97,41 +99,28 @@ def time_cell(phase: str, B: int, S: int, impls: dict, rows: list, bits: list) -
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--ws", default="nb2,ov4,pp4", help="Gluon variants: nbN (N K/V slots), ovN (overlapped), ppN (ping-pong)")
+    ap.add_argument("--ws", default="nb2,ov4", help="Gluon variants: nbN (N K/V slots), ovN (overlapped)")
     ap.add_argument("--variant", default="hopper_auto", help="Triton knobs (a name in bench.VARIANTS)")
-    ap.add_argument("--smoke", action="store_true", help="one small launch and its checks only")
     ap.add_argument("--max-seq", type=int, default=1 << 20)
     ap.add_argument("--budget-s", type=float, default=400)
     args = ap.parse_args()
     t0 = time.time()
     tmp = Path(tempfile.mkdtemp())
     tmod, knobs = bench.load_variant(args.variant, bench.VARIANTS[args.variant], tmp)
-    names = args.ws.split(",")
-    variants = {f"ws_{n}": ws_variant(n, knobs) for n in names}
+    variants = {f"ws_{n}": ws_variant(n, bench.VARIANTS[args.variant], tmp) for n in args.ws.split(",")}
     import triton
 
     report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "triton_variant": args.variant, "knobs": knobs, "consistency": {}, "bits_vs_triton": [], "timings": []}
-    if args.smoke:
-        q = torch.randn((1, 4, 256, 128), device="cuda", dtype=torch.bfloat16)
-        k = torch.randn((1, 2, 256, 128), device="cuda", dtype=torch.bfloat16)
-        out, ref = torch.empty_like(q), torch.empty_like(q)
-        tmod.prefill(q, k, k, 0.088, ref)
-        for name, f in variants.items():
-            f(q, k, k, 0.088, out)
-            torch.cuda.synchronize()
-            print(f"smoke {name}: differing elements", int((out.view(torch.int16) != ref.view(torch.int16)).sum()),
-                  "max abs", float((out.float() - ref.float()).abs().max()), flush=True)
-        return 0
-    for name, f in variants.items():
-        r = checks(tmod, f, [0, 1])
+    for name, mod in variants.items():
+        r = checks(mod, [0, 1])
         report["consistency"][name] = r
         print(f"consistency {name}: {r['checks'] - len(r['failed'])}/{r['checks']} passed "
               f"({time.time() - t0:.0f} s)", flush=True)
         for fail in r["failed"][:4]:
             print("  FAILED", str(fail)[:300])
-    impls = {"triton": tmod.prefill, **variants}
+    impls = {"triton": tmod.prefill, **{name: mod.prefill for name, mod in variants.items()}}
     _, cells = bench.grid_cells()
     for phase, B, S in sorted(cells, key=lambda c: c[2] * c[1]):
         if args.max_seq < S:

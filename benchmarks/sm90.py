@@ -34,13 +34,19 @@ def load_variant(source: Path, knobs: dict, name: str):
     return mod
 
 
-def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: set[str]) -> dict:
-    """Compile `fn` (signature `sig`; `consts` become constexpr) and report what ptxas and the SASS show."""
+def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: set[str],
+                 maxnreg: int | None = None) -> dict:
+    """Compile `fn` (a Triton or Gluon kernel; signature `sig`; `consts` become constexpr) and report what ptxas
+    and the SASS show."""
+    from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+
     full = {**sig, **{k: "constexpr" for k in consts if k not in sig}}
     names = list(full)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned if n in names}
-    k = triton.compile(ASTSource(fn=fn, signature=full, constexprs=consts, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    source = GluonASTSource if isinstance(fn, GluonJITFunction) else ASTSource
+    options = {"num_warps": warps, "num_stages": stages, **({"maxnreg": maxnreg} if maxnreg else {})}
+    k = triton.compile(source(fn=fn, signature=full, constexprs=consts, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options=options)
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         Path(ptx).write_text(k.asm["ptx"])
@@ -54,5 +60,6 @@ def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: 
             "HMMA": sass.count("HMMA"), "UTMALDG": sass.count("UTMALDG"), "LDG": len(re.findall(r"\bLDG", sass)),
             "instructions": code.count("\n") + 1 if code else 0, "SHFL": len(re.findall(r"\bSHFL", code)),
             "BAR": len(re.findall(r"\bBAR\.", code)), "STS": len(re.findall(r"\bSTS", code)),
+            "USETMAXREG": code.count("USETMAXREG"),
             "sass_sha": hashlib.sha256(code.encode()).hexdigest()[:12],
             "ptxas_warnings": re.findall(r"\(C\d+\)[^\n]*", info)}

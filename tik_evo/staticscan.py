@@ -8,8 +8,11 @@ from tik_evo.family import Check
 from tik_evo.knobs import KnobsError, read_knobs
 
 # triton.language.extra.cuda: device intrinsics (libdevice, grid-dependency control), nothing host-side.
+# Gluon (Triton's explicit-layout language) and its Hopper ops and host TMA descriptors: kernels, nothing else.
 ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "triton.language.extra.cuda", "math", "functools", "typing",
-                   "__future__"}
+                   "__future__", "triton.experimental", "triton.experimental.gluon",
+                   "triton.experimental.gluon.language", "triton.experimental.gluon.language.nvidia.hopper",
+                   "triton.experimental.gluon.nvidia.hopper"}
 # Names whose use means side streams, patched timers, cached results or escaping the sandbox.
 FORBIDDEN_ATTRS = {"Stream", "stream", "Event", "set_stream", "do_bench", "do_bench_cudagraph", "perf_counter",
                    "CUDAGraph", "graph", "environ", "system", "popen", "_exit"}

@@ -72,6 +72,20 @@ class AttentionFamily(Family):
              "first with a row block's heads side by side, or one head's row blocks side by side (K/V shared in "
              "L2), longest first; snake: the row_blocks order dealt forwards and backwards in turn, so every "
              "program gets long and short tiles; auto: snake for launches of at most 8 waves of tiles, else off"),
+        Knob("FULL_IMPL", ("triton", "gluon_ws", "auto"), "full",
+             "which kernel runs prefill: the Triton one, or (Hopper, reduced row sum, head dim 64/128, lengths of "
+             "whole KV blocks; else Triton) a warp-specialised Gluon kernel with the same per-row operations: a "
+             "TMA loader warp and one partition per 64-row warpgroup, no CTA barrier between them; auto: Gluon for "
+             "launches of more than 4 waves of tiles, Triton below"),
+        Knob("FULL_WS_SCHEDULE", ("serial", "overlap"), "full",
+             "Gluon prefill: each warpgroup's MMAs one at a time, or the next block's QK^T issued before this "
+             "block's PV so its softmax runs during the PV"),
+        Knob("FULL_WS_BUFFERS", (2, 3, 4), "full",
+             "Gluon prefill: K/V block slots in shared memory (fewer where they would not fit)"),
+        Knob("FULL_WS_PERSISTENT", ("off", "snake", "auto"), "full",
+             "Gluon prefill: one program per tile, or one per SM walking snake-dealt tiles, its loader fetching "
+             "the next tile's query and first K/V blocks while the warpgroups finish this one; auto: snake for "
+             "launches of at most 32 waves of tiles"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "
@@ -125,10 +139,13 @@ class AttentionFamily(Family):
                             knobs=("DECODE_PACK_GQA", "DECODE_BLOCK_M", "DECODE_NUM_WARPS", "DECODE_NUM_STAGES",
                                    "DECODE_CHUNKS_PER_PROGRAM", "DECODE_CHUNK_LOOP")),
             OpportunitySpec("prefill_hopper", "Load K/V tiles with TMA tensor descriptors and let the compiler "
-                            "flatten the split-KV chunk loop nest into one software pipeline; beyond the knobs, "
-                            "warp-specialise loads and MMAs or make short launches persistent. Keep the dot shapes, "
-                            "block order and per-block arithmetic unchanged so decode still agrees", paths=("full",),
-                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT")),
+                            "flatten the split-KV chunk loop nest into one software pipeline, make short launches "
+                            "persistent, or run long ones through the warp-specialised Gluon kernel (a TMA loader "
+                            "warp, one partition per warpgroup, the next QK^T overlapping this PV). Keep the dot "
+                            "shapes, block order and per-block arithmetic unchanged so decode still agrees",
+                            paths=("full",),
+                            knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT", "FULL_IMPL",
+                                   "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),
@@ -152,6 +169,10 @@ class AttentionFamily(Family):
             {"batch": 3, "q_heads": 4, "kv_heads": 4, "head_dim": 128, "prompt": 1000, "answer": 70, "scale": 0.3},
             {"batch": 2, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "prompt": 2039, "answer": 37, "scale": 1.0},
             {"batch": 1, "q_heads": 8, "kv_heads": 2, "head_dim": 64, "prompt": 4090, "answer": 23, "scale": 2.0},
+            # Whole 64-key blocks, but not whole 128-row tiles, and more than 8 waves of tiles on an H200: the
+            # lengths and launch sizes where the Gluon prefill (FULL_IMPL) runs.
+            {"batch": 3, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "prompt": 1984, "answer": 64, "scale": 1.0},
+            {"batch": 2, "q_heads": 8, "kv_heads": 8, "head_dim": 64, "prompt": 960, "answer": 128, "scale": 0.3},
         ]
 
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:

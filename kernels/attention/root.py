@@ -10,12 +10,19 @@ per query tile (one loop per chunk, or one loop that folds at chunk ends: FULL_S
 whose rounding matters are written as explicit `fma` (probabilities, row sums, merges), so the compiler cannot
 contract them differently in masked and unmasked blocks or in the two paths. How a tile reaches the dot
 (pointer loads or TMA tensor descriptors) and how the launches are chained (plain, or programmatic dependent
-launch for decode's merge) are path-only: they move bytes and launches, not arithmetic.
+launch for decode's merge) are path-only: they move bytes and launches, not arithmetic. So is which kernel
+runs prefill on Hopper (FULL_IMPL): this Triton one, or a warp-specialised Gluon kernel doing the same per-row
+operations (`_ws_prefill_kernel`, bit for bit the same on the GPU).
 """
 
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import tma as gtma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 KNOBS = {
@@ -39,6 +46,10 @@ KNOBS = {
     "DECODE_MERGE_ROWS": 16,
     "DECODE_MERGE_LOADS": 4,
     "FULL_PERSISTENT": "off",
+    "FULL_IMPL": "triton",
+    "FULL_WS_SCHEDULE": "overlap",
+    "FULL_WS_BUFFERS": 4,
+    "FULL_WS_PERSISTENT": "off",
 }
 
 LOG2E = 1.4426950408889634
@@ -444,8 +455,266 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
     _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
 
 
+# ---- Warp-specialised Hopper prefill (Gluon): the same per-row operations in explicit partitions ----
+# Triton 3.6 cannot warp-specialise `_prefill_kernel` on Hopper, so its two warpgroups meet at a CTA barrier on
+# every KV block. Here a one-warp loader streams K and V by TMA through a ring of shared-memory slots (mbarriers)
+# and each warpgroup owns 64 rows of the 128-row tile as its own partition, so one's softmax can run during the
+# other's MMAs. Per row it does what `_prefill_tile` does with the flat split loop: the same wgmma shapes (the
+# layouts Triton gives the 8-warp 128-row tile), the same expressions as `_attn_block` and `_merge` (restated:
+# Gluon cannot call Triton functions), the row sum reduced over the same accumulator layout. Path knob
+# FULL_IMPL; covered: ROW_SUM "reduce", head dim 64/128, sequence lengths that are whole KV blocks.
+WS_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
+WS_LOWER = gl.constexpr(0)
+WS_UPPER = gl.constexpr(1)
+
+
+@gluon.jit
+def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr):
+    """This program's i-th tile: (first row, batch * head, first row of its K/V in the flat [B * HKV * S, D] view,
+    KV blocks it walks). One tile per program in launch order (a head's row blocks, longest first), or as one
+    program per SM the row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair."""
+    n_m = gl.cdiv(S, 2 * WS_ROWS)
+    if PERSISTENT:
+        p = gl.program_id(0)
+        n_prog = gl.num_programs(0)
+        t = i * n_prog + gl.where(i % 2 == 0, p, n_prog - 1 - p)
+        pid_m = n_m - 1 - t // BH
+        bh = t % BH
+    else:
+        pid_m = n_m - 1 - gl.program_id(0) % n_m
+        bh = gl.program_id(0) // n_m
+    tile_start = pid_m * 2 * WS_ROWS
+    return tile_start, bh, (bh // HQ * HKV + bh % HQ // GROUP) * S, gl.minimum(tile_start + 2 * WS_ROWS, S)
+
+
+@gluon.jit
+def _ws_n_tiles(S, BH, PERSISTENT: gl.constexpr):
+    """Tiles this program walks (the last snake round may leave some programs without one)."""
+    if PERSISTENT:
+        p = gl.program_id(0)
+        n_prog = gl.num_programs(0)
+        n_tiles = gl.cdiv(S, 2 * WS_ROWS) * BH
+        rounds = gl.cdiv(n_tiles, n_prog)
+        last = (rounds - 1) * n_prog + gl.where((rounds - 1) % 2 == 0, p, n_prog - 1 - p)
+        return gl.where(last < n_tiles, rounds, rounds - 1)
+    else:
+        return 1
+
+
+@gluon.jit
+def _ws_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
+               S, BH, HQ, HKV, GROUP, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, PERSISTENT: gl.constexpr):
+    """One warp: per tile, both query halves into one of two Q slots, then K and V of every block into the
+    slot ring (which runs on across tiles, so the next tile's first blocks load during this one's last)."""
+    g = 0  # blocks loaded so far: ring slot and phase
+    for i in range(_ws_n_tiles(S, BH, PERSISTENT)):
+        tile_start, bh, kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT)
+        # A fresh mbarrier counts as having completed the phase before 0, so the first round passes at once.
+        mbarrier.wait(q_empty.index(i % 2), ((i // 2) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(i % 2), 2 * q_desc.block_type.nbytes)
+        q_row0 = bh * S + tile_start
+        gtma.async_copy_global_to_shared(q_desc, [q_row0, 0], q_ready.index(i % 2), q_bufs.index(2 * (i % 2)))
+        gtma.async_copy_global_to_shared(q_desc, [q_row0 + WS_ROWS, 0], q_ready.index(i % 2),
+                                         q_bufs.index(2 * (i % 2) + 1))
+        for j in range(hi // BLOCK_N):
+            slot = g % NUM_BUF
+            mbarrier.wait(empty.index(slot), ((g // NUM_BUF) & 1) ^ 1)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            gtma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, 0], k_ready.index(slot),
+                                             k_bufs.index(slot))
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            gtma.async_copy_global_to_shared(v_desc, [kv_row0 + j * BLOCK_N, 0], v_ready.index(slot),
+                                             v_bufs.index(slot))
+            g += 1
+
+
+@gluon.jit
+def _ws_probs(s, c_m, c_l, j, rows, qk_scale, masked, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+              BLOCK_N: gl.constexpr):
+    """`_attn_block`'s softmax step for block j's scores: (bf16 P as the PV operand, alpha, m, l)."""
+    if masked:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
+        s = gl.where(cols[None, :] < (rows + 1)[:, None], s, float("-inf"))
+    m_new = gl.maximum(c_m, gl.max(s, 1))
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(gl.fma(s, qk_scale, -(m_use * qk_scale)[:, None]))
+    alpha = gl.exp2((c_m - m_use) * qk_scale)
+    l_new = gl.fma(c_l, alpha, gl.sum(p, 1))
+    return gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT), alpha, m_new, l_new
+
+
+@gluon.jit
+def _ws_merge(m_a, l_a, acc_a, m_b, l_b, acc_b, qk_scale, O_ROW: gl.constexpr):
+    """`_merge`: fold chunk b into the running state a."""
+    m = gl.maximum(m_a, m_b)
+    m_use = gl.where(m == float("-inf"), 0.0, m)
+    alpha = gl.exp2((m_a - m_use) * qk_scale)
+    beta = gl.exp2((m_b - m_use) * qk_scale)
+    l = gl.fma(l_a, alpha, l_b * beta)
+    acc = gl.fma(acc_a, gl.convert_layout(alpha, O_ROW)[:, None], acc_b * gl.convert_layout(beta, O_ROW)[:, None])
+    return m, l, acc
+
+
+@gluon.jit
+def _ws_chunk_ends(j, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr):
+    """Whether block j is the last of its split chunk."""
+    if SPLIT == 0:
+        return False
+    else:
+        return ((j + 1) * BLOCK_N) % SPLIT == 0
+
+
+@gluon.jit
+def _ws_qk(j, q_smem, k_bufs, k_ready, s, NUM_BUF: gl.constexpr):
+    """Issue block j's QK^T once its K tile has landed; returns (pending scores, the K tile)."""
+    slot = j % NUM_BUF
+    mbarrier.wait(k_ready.index(slot), (j // NUM_BUF) & 1)
+    k_smem = k_bufs.index(slot)
+    return warpgroup_mma(q_smem, k_smem.permute((1, 0)), s, use_acc=False, is_async=True), k_smem
+
+
+@gluon.jit
+def _ws_pv(j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW: gl.constexpr, NUM_BUF: gl.constexpr):
+    """Rescale the chunk accumulator and issue block j's PV once its V tile has landed."""
+    c_acc = c_acc * gl.convert_layout(alpha, O_ROW)[:, None]
+    slot = j % NUM_BUF
+    mbarrier.wait(v_ready.index(slot), (j // NUM_BUF) & 1)
+    v_smem = v_bufs.index(slot)
+    return warpgroup_mma(p16, v_smem, c_acc, is_async=True), v_smem
+
+
+@gluon.jit
+def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g, rows, n_blocks, unmasked, qk_scale,
+             ROWS_LAYOUT: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
+             NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr):
+    """This warpgroup's rows over blocks 0 .. n_blocks - 1 (blocks from `unmasked` masked; block j sits in ring
+    slot g + j): (m, l, acc).
+
+    OVERLAP issues block j + 1's QK^T before block j's PV, so the softmax of j + 1 runs while the tensor cores do
+    PV j; the operations per block and their order per row are the same either way."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, BLOCK_N, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    O_ROW: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    acc = gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT)
+    m_i = gl.full([WS_ROWS], float("-inf"), gl.float32, ROWS_LAYOUT)
+    l_i = gl.zeros([WS_ROWS], gl.float32, ROWS_LAYOUT)
+    c_acc = gl.zeros_like(acc)
+    c_m = gl.full_like(m_i, float("-inf"))
+    c_l = gl.zeros_like(l_i)
+    s = gl.zeros([WS_ROWS, BLOCK_N], gl.float32, S_LAYOUT)
+    if OVERLAP:
+        s_tok, k_smem = _ws_qk(g, q_smem, k_bufs, k_ready, s, NUM_BUF)
+        s, _q, _k = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem])
+        p16, alpha, c_m, c_l = _ws_probs(s, c_m, c_l, 0, rows, qk_scale, unmasked <= 0, S_LAYOUT, P_LAYOUT, BLOCK_N)
+        for j in range(0, n_blocks - 1):
+            s_tok, k_smem = _ws_qk(g + j + 1, q_smem, k_bufs, k_ready, s, NUM_BUF)
+            acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
+            s, _q, _k = warpgroup_mma_wait(1, deps=[s_tok, q_smem, k_smem])  # the QK^T, issued first, is done
+            ends = _ws_chunk_ends(j, BLOCK_N, SPLIT)  # then block j + 1 starts a fresh chunk state
+            p16_n, alpha, m_n, l_n = _ws_probs(s, gl.where(ends, float("-inf"), c_m), gl.where(ends, 0.0, c_l),
+                                               j + 1, rows, qk_scale, j + 1 >= unmasked, S_LAYOUT, P_LAYOUT, BLOCK_N)
+            c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
+            mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
+            if ends:
+                m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+                c_acc = gl.zeros_like(c_acc)
+            p16, c_m, c_l = p16_n, m_n, l_n
+        last = n_blocks - 1
+        acc_tok, v_smem = _ws_pv(g + last, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
+        c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
+        mbarrier.arrive(empty.index((g + last) % NUM_BUF), count=1)
+        if _ws_chunk_ends(last, BLOCK_N, SPLIT):
+            m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+            c_acc = gl.zeros_like(c_acc)
+            c_m = gl.full_like(c_m, float("-inf"))
+            c_l = gl.zeros_like(c_l)
+    else:
+        for j in range(0, n_blocks):
+            s_tok, k_smem = _ws_qk(g + j, q_smem, k_bufs, k_ready, s, NUM_BUF)
+            s, _q, _k = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem])
+            p16, alpha, c_m, c_l = _ws_probs(s, c_m, c_l, j, rows, qk_scale, j >= unmasked, S_LAYOUT, P_LAYOUT,
+                                             BLOCK_N)
+            acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
+            c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
+            mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
+            if _ws_chunk_ends(j, BLOCK_N, SPLIT):
+                m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+                c_acc = gl.zeros_like(c_acc)
+                c_m = gl.full_like(c_m, float("-inf"))
+                c_l = gl.zeros_like(c_l)
+    if SPLIT == 0:
+        return c_m, c_l, c_acc  # one chunk, never merged (as `_chunk` alone)
+    else:
+        return _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)  # the open chunk (identity if empty)
+
+
+@gluon.jit
+def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, S, BH, HQ, HKV, GROUP,
+                 qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
+                 NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr):
+    """One warpgroup, per tile: query rows tile_start + HALF * 64 + [0, 64) over their causal keys, stored."""
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    S_ROW: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                                       instr_shape=[16, BLOCK_N, 16]))
+    O_ROW: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    g = 0  # blocks consumed so far: ring slot and phase, as the loader counts them
+    for i in range(_ws_n_tiles(S, BH, PERSISTENT)):
+        tile_start, bh, kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT)
+        rows = tile_start + HALF * WS_ROWS + gl.arange(0, WS_ROWS, layout=S_ROW)
+        mbarrier.wait(q_ready.index(i % 2), (i // 2) & 1)
+        # The 128-row tile's blocks as `_prefill_tile` walks them: unmasked below its first row, masked from there
+        # to its last row or the sequence end (a mask a row sees in full changes no bit).
+        m_i, l_i, acc = _ws_rows(q_bufs.index(2 * (i % 2) + HALF), k_bufs, v_bufs, k_ready, v_ready, empty, g, rows,
+                                 hi // BLOCK_N, tile_start // BLOCK_N, qk_scale, S_ROW, HEAD_D, BLOCK_N, SPLIT,
+                                 NUM_BUF, OVERLAP)
+        mbarrier.arrive(q_empty.index(i % 2), count=1)  # every MMA reading this Q slot has completed
+        g += hi // BLOCK_N
+        o = acc / gl.convert_layout(l_i, O_ROW)[:, None]
+        r = HALF * WS_ROWS + gl.arange(0, WS_ROWS, layout=O_ROW)
+        io = ((bh * S + tile_start).to(gl.int64) + r[:, None]) * HEAD_D + \
+            gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, O_LAYOUT))[None, :]
+        ok = (tile_start + r < S)[:, None]
+        gl.store(O + io, o.to(gl.bfloat16), mask=ok)
+        if WRITE32:
+            gl.store(O32 + io, o, mask=ok)
+
+
+@gluon.jit
+def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV, GROUP,
+                       HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
+                       OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr):
+    q_bufs = gl.allocate_shared_memory(gl.bfloat16, [4, WS_ROWS, HEAD_D], q_desc.layout)  # 2 tiles x 2 halves
+    k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], v_desc.layout)
+    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(q_empty.index(i), count=2)  # both consumer warpgroups release a Q slot
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # ... and a K/V slot
+    gl.warp_specialize([
+        (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, S, BH, HQ, HKV,
+                        GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT, WRITE32)),
+        (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, S, BH, HQ, HKV,
+                        GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT, WRITE32)),
+        (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
+                      S, BH, HQ, HKV, GROUP, BLOCK_N, NUM_BUF, PERSISTENT)),
+    ], [4, 1], [232, 40])
+
 TMA_MIN_SEQ = 2048
 PERSISTENT_MAX_WAVES = 8
+WS_MIN_WAVES = 4  # FULL_IMPL "auto": the Gluon prefill above this many waves of tiles (runs 22-23)
+WS_PERSISTENT_MAX_WAVES = 32
 
 
 def _qk_scale(sm_scale: float) -> float:
@@ -473,6 +742,38 @@ def _use_tma(knob: str, *tensors: torch.Tensor, seq: int = 0) -> bool:
     return ok
 
 
+WS_SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use
+
+
+def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
+    """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, a reduced row sum, head dim 64 or
+    128, whole KV blocks, contiguous aligned tensors) and return True; else False and the caller runs Triton."""
+    B, HQ, S, D = q.shape
+    bn = KNOBS["BLOCK_N"]
+    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and D in (64, 128)
+            and KNOBS["ROW_SUM"] == "reduce" and 128 % bn == 0 and S % bn == 0
+            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))):
+        return False
+    bufs = min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - 256 * D * 2 - 1024) // (2 * bn * D * 2))
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    HKV = k.shape[1]
+    descs = (TensorDescriptor.from_tensor(q.view(B * HQ * S, D), [64, D], layout),
+             TensorDescriptor.from_tensor(k.view(B * HKV * S, D), [bn, D], layout),
+             TensorDescriptor.from_tensor(v.view(B * HKV * S, D), [bn, D], layout))
+    tiles = triton.cdiv(S, 128) * B * HQ
+    sms = _sm_count(q.device)
+    persistent = KNOBS["FULL_WS_PERSISTENT"]
+    # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
+    # next tile pays; beyond, the snake dealing costs more than it saves (measured on the H200, run 23).
+    persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
+    _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
+        *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV,
+        HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=bufs,
+        OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
+        num_warps=4, maxnreg=168)  # 3 warpgroups: 2 x 232 + 40 registers per thread
+    return True
+
+
 def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, out: torch.Tensor,
             out32: torch.Tensor | None = None) -> None:
     """Causal attention over whole sequences: q [B, HQ, S, D], k/v [B, HKV, S, D] -> out [B, HQ, S, D]."""
@@ -482,6 +783,12 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     n_m = triton.cdiv(S, block_m)
     tiles = n_m * B * HQ
     sms = _sm_count(q.device)
+    impl = KNOBS["FULL_IMPL"]
+    # "auto": the Gluon kernel from 4 waves of tiles; below, the Triton one (snake-dealt if FULL_PERSISTENT allows)
+    # costs less than building the Gluon launch's host descriptors.
+    if (impl == "gluon_ws" or (impl == "auto" and tiles > WS_MIN_WAVES * sms)) and \
+            _ws_prefill(q, k, v, sm_scale, out, out32):
+        return
     persistent = KNOBS["FULL_PERSISTENT"]
     if persistent == "auto":  # few tiles: the causal tail dominates, and dealing them balances it
         persistent = "snake" if tiles <= PERSISTENT_MAX_WAVES * sms else "off"

@@ -408,15 +408,38 @@ def test_root_and_hopper_knobs_compile_for_hopper():
     for knobs, tma in (({}, False), ({"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma",
                                       "DECODE_MERGE_LAUNCH": "pdl", "DECODE_CHUNKS_PER_PROGRAM": 0,
                                       "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
-                                      "DECODE_MERGE_ROWS": 1}, True),
+                                      "DECODE_MERGE_ROWS": 1, "FULL_WS_PERSISTENT": "snake"}, True),
                        ({"DECODE_FINISH_SINGLE": True}, False),
-                       ({"ROW_SUM": "tree"}, False)):
+                       ({"ROW_SUM": "tree", "FULL_WS_SCHEDULE": "serial", "FULL_WS_BUFFERS": 2,
+                         "head_dim": 64}, False)):
+        knobs = dict(knobs)
+        dim = str(knobs.pop("head_dim", 128))
         r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
-                            "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
+                            "--knobs", json.dumps(knobs), "--head-dim", dim], capture_output=True, text=True,
+                           env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
         rep = json.loads(r.stdout)
-        for path in ("prefill", "decode"):
+        for path in ("prefill", "decode", "prefill_ws"):
             assert rep[path]["HGMMA"] > 0 and rep[path]["spill_store_bytes"] == 0, (knobs, path, rep[path])
             assert 0 < rep[path]["shared_bytes"] <= 227 * 1024
         assert (rep["prefill"]["UTMALDG"] > 0) == tma
         assert rep["merge"]["LDG"] > 0 and rep["merge"]["spill_store_bytes"] == 0, rep["merge"]
+        # The Gluon prefill: TMA loads and register budgets set per warp-specialised partition.
+        assert rep["prefill_ws"]["UTMALDG"] > 0 and rep["prefill_ws"]["USETMAXREG"] > 0, rep["prefill_ws"]
+
+
+def test_gluon_prefill_falls_back_to_triton_where_it_does_not_apply():
+    # The Gluon prefill needs a Hopper GPU; elsewhere (here: the interpreter on the CPU) FULL_IMPL runs the Triton
+    # kernel, with the same bits as the root.
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn((1, 4, 128, 64), generator=g).to(torch.bfloat16)
+    k = torch.randn((1, 2, 128, 64), generator=g).to(torch.bfloat16)
+    v = torch.randn((1, 2, 128, 64), generator=g).to(torch.bfloat16)
+    want = torch.empty_like(q)
+    load(FAMILY.root_source()).prefill(q, k, v, 0.125, want)
+    for impl in ("gluon_ws", "auto"):
+        mod = load(with_knobs(FAMILY.root_source(), FULL_IMPL=impl))
+        assert mod._ws_prefill(q, k, v, 0.125, torch.empty_like(q), None) is False
+        got = torch.empty_like(q)
+        mod.prefill(q, k, v, 0.125, got)
+        assert torch.equal(got.view(torch.int16), want.view(torch.int16)), impl
