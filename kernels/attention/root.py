@@ -584,6 +584,21 @@ def _ws_pv(j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW: gl.constexpr, NUM_BUF: 
 
 
 @gluon.jit
+def _ws_pv_done(acc_tok, v_smem, p16, empty, g, j, NUM_BUF: gl.constexpr):
+    """Wait for block j's PV (ring index g + j), then hand its K/V slot back to the loader."""
+    c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
+    mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
+    return c_acc
+
+
+@gluon.jit
+def _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW: gl.constexpr):
+    """Fold the chunk state into the running state and start an empty chunk."""
+    m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+    return m_i, l_i, acc, gl.zeros_like(c_acc), gl.full_like(c_m, float("-inf")), gl.zeros_like(c_l)
+
+
+@gluon.jit
 def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g, rows, n_blocks, unmasked, qk_scale,
              ROWS_LAYOUT: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
              NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr):
@@ -616,9 +631,10 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g, rows, n_blocks,
             ends = _ws_chunk_ends(j, BLOCK_N, SPLIT)  # then block j + 1 starts a fresh chunk state
             p16_n, alpha, m_n, l_n = _ws_probs(s, gl.where(ends, float("-inf"), c_m), gl.where(ends, 0.0, c_l),
                                                j + 1, rows, qk_scale, j + 1 >= unmasked, S_LAYOUT, P_LAYOUT, BLOCK_N)
+            # (`_ws_pv_done` written out: as a call, the persistent kernel's SASS differs from the measured one)
             c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
             mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
-            if ends:
+            if ends:  # fold the chunk; block j + 1 already started from a fresh m and l
                 m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
                 c_acc = gl.zeros_like(c_acc)
             p16, c_m, c_l = p16_n, m_n, l_n
@@ -638,13 +654,9 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g, rows, n_blocks,
             p16, alpha, c_m, c_l = _ws_probs(s, c_m, c_l, j, rows, qk_scale, j >= unmasked, S_LAYOUT, P_LAYOUT,
                                              BLOCK_N)
             acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
-            c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
-            mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
+            c_acc = _ws_pv_done(acc_tok, v_smem, p16, empty, g, j, NUM_BUF)
             if _ws_chunk_ends(j, BLOCK_N, SPLIT):
-                m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
-                c_acc = gl.zeros_like(c_acc)
-                c_m = gl.full_like(c_m, float("-inf"))
-                c_l = gl.zeros_like(c_l)
+                m_i, l_i, acc, c_acc, c_m, c_l = _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
     if SPLIT == 0:
         return c_m, c_l, c_acc  # one chunk, never merged (as `_chunk` alone)
     else:
@@ -663,7 +675,7 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
     O_ROW: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
     g = 0  # blocks consumed so far: ring slot and phase, as the loader counts them
     for i in range(_ws_n_tiles(S, BH, PERSISTENT)):
-        tile_start, bh, kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT)
+        tile_start, bh, _kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT)
         rows = tile_start + HALF * WS_ROWS + gl.arange(0, WS_ROWS, layout=S_ROW)
         mbarrier.wait(q_ready.index(i % 2), (i // 2) & 1)
         # The 128-row tile's blocks as `_prefill_tile` walks them: unmasked below its first row, masked from there
@@ -713,7 +725,7 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
 
 TMA_MIN_SEQ = 2048
 PERSISTENT_MAX_WAVES = 8
-WS_MIN_WAVES = 4  # FULL_IMPL "auto": the Gluon prefill above this many waves of tiles (runs 22-23)
+WS_MIN_WAVES = 4  # FULL_IMPL "auto": the Gluon prefill above this many waves of tiles (runs 22-25)
 WS_PERSISTENT_MAX_WAVES = 32
 
 
@@ -764,7 +776,7 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     sms = _sm_count(q.device)
     persistent = KNOBS["FULL_WS_PERSISTENT"]
     # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
-    # next tile pays; beyond, the snake dealing costs more than it saves (measured on the H200, run 23).
+    # next tile pays; beyond, the snake dealing cost more than it saved (H200: 4-5% by geomean, runs 23 and 25).
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
     _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV,
@@ -784,8 +796,8 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     tiles = n_m * B * HQ
     sms = _sm_count(q.device)
     impl = KNOBS["FULL_IMPL"]
-    # "auto": the Gluon kernel from 4 waves of tiles; below, the Triton one (snake-dealt if FULL_PERSISTENT allows)
-    # costs less than building the Gluon launch's host descriptors.
+    # "auto": the Gluon kernel above 4 waves of tiles; on shorter launches the Triton one (snake-dealt if
+    # FULL_PERSISTENT allows) measured faster (H200, B1 1K: 0.036 against 0.06-0.13 ms).
     if (impl == "gluon_ws" or (impl == "auto" and tiles > WS_MIN_WAVES * sms)) and \
             _ws_prefill(q, k, v, sm_scale, out, out32):
         return
