@@ -54,7 +54,7 @@ def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: 
                               capture_output=True, text=True).stderr
         sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, info)) else None  # noqa: E731
-    code = "\n".join(re.findall(r"/\*[0-9a-f]{4}\*/[^\n]*", sass))
+    code = "\n".join(re.findall(r"/\*[0-9a-f]{4,}\*/[^\n]*", sass))  # addresses grow past 4 hex digits
     return {"shared_bytes": k.metadata.shared, "registers": num(r"Used (\d+) registers"),
             "spill_store_bytes": num(r"(\d+) bytes spill stores"), "HGMMA": sass.count("HGMMA"),
             "HMMA": sass.count("HMMA"), "UTMALDG": sass.count("UTMALDG"), "LDG": len(re.findall(r"\bLDG", sass)),
