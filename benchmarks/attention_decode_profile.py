@@ -1,4 +1,5 @@
-"""Where a decode program's time goes: the attention decode launches of some knob variants under Nsight Compute.
+"""Where a decode program's time goes: the attention decode launches of some knob variants under Nsight Compute
+(with --phase prefill: their prefill launches, cells BxS).
 
     ncu --profile-from-start off --section WarpStateStats ... -o REPORT \
         python3 benchmarks/attention_decode_profile.py run --variants-json F --cells 1x1024,16x8192 --order O.json
@@ -43,6 +44,14 @@ def run(args: argparse.Namespace) -> None:
     cells = [tuple(int(x) for x in c.split("x")) for c in args.cells.split(",")]
     gen = torch.Generator(device="cuda").manual_seed(0)
     calls = []
+    if args.phase == "prefill":
+        for B, S in cells:
+            q = torch.randn((B, HQ, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+            for name, mod in mods.items():
+                calls.append((f"{name} B{B} S{S}", mod.prefill, (q, k, v, 1 / math.sqrt(D), torch.empty_like(q))))
+        cells = []
     for B, ctx in cells:
         q = torch.randn((B, HQ, 1, D), generator=gen, device="cuda", dtype=torch.bfloat16)
         k = torch.randn((B, HKV, ctx, D), generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -50,14 +59,14 @@ def run(args: argparse.Namespace) -> None:
         lens = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
         out = torch.empty((B, HQ, 1, D), device="cuda", dtype=torch.bfloat16)
         for name, mod in mods.items():
-            calls.append((f"{name} B{B} ctx{ctx}", mod, (q, k, v, lens, 1 / math.sqrt(D), out)))
-    for _, mod, a in calls:  # compile and warm outside the profiled window
-        mod.decode(*a)
-        mod.decode(*a)
+            calls.append((f"{name} B{B} ctx{ctx}", mod.decode, (q, k, v, lens, 1 / math.sqrt(D), out)))
+    for _, fn, a in calls:  # compile and warm outside the profiled window
+        fn(*a)
+        fn(*a)
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    for _, mod, a in calls:
-        mod.decode(*a)
+    for _, fn, a in calls:
+        fn(*a)
         torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     Path(args.order).write_text(json.dumps([c[0] for c in calls], indent=1))
@@ -79,7 +88,7 @@ def summarize(args: argparse.Namespace) -> None:
         entry["metrics"][name] = r.get("Metric Value", "")
     # Chunk launches are the odd-numbered ones when every config also launched a merge; label by order.
     labelled = {}
-    chunk_ids = [k for k, v in launches.items() if "_decode_kernel" in v["kernel"]]
+    chunk_ids = [k for k, v in launches.items() if args.kernel in v["kernel"]]
     for k, label in zip(chunk_ids, order, strict=False):
         labelled[k] = label
     for k, v in launches.items():
@@ -127,12 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run")
     r.add_argument("--variants-json", required=True)
     r.add_argument("--cells", default="1x1024,16x8192", help="BxCTX,... decode cells (32 q heads, 8 kv, d 128)")
+    r.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="prefill: cells are BxS")
     r.add_argument("--order", required=True, help="JSON file listing the profiled configs in launch order")
     s = sub.add_parser("summarize")
     s.add_argument("--details", required=True)
     s.add_argument("--sass", default=None)
     s.add_argument("--order", required=True)
     s.add_argument("--out", required=True)
+    s.add_argument("--kernel", default="_decode_kernel", help="name part of the launches --order labels")
     args = ap.parse_args(argv)
     (run if args.cmd == "run" else summarize)(args)
     return 0

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
-# measurements named in $@ (attention VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
+# measurements named in $@ (attention VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
 # model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
@@ -54,6 +54,17 @@ while [ $# -gt 0 ]; do
         --sass /tmp/decode_ncu_sass.csv --order "$order" --out "$OUT/decode_ncu.json" 2>&1 | tail -5
       gzip -c /tmp/decode_ncu_details.csv > "$OUT/decode_ncu_details.csv.gz"
       gzip -c /tmp/decode_ncu_sass.csv > "$OUT/decode_ncu_sass.csv.gz" ;;
+    attention_prefill_ncu) v=$1; cells=$2; shift 2  # prefill launches (Triton or Gluon) under Nsight Compute
+      rep=/tmp/prefill_ncu; order="$OUT/prefill_ncu_order.json"
+      timeout 300 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+        --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
+        -f -o $rep python3 benchmarks/attention_decode_profile.py run --phase prefill \
+        --variants-json "$v" --cells "$cells" --order "$order" 2>&1 | tail -12
+      ncu --import $rep.ncu-rep --page details --csv > /tmp/prefill_ncu_details.csv 2>/dev/null
+      python3 benchmarks/attention_decode_profile.py summarize --details /tmp/prefill_ncu_details.csv \
+        --order "$order" --kernel prefill_kernel --out "$OUT/prefill_ncu.json" 2>&1 | tail -5
+      gzip -c /tmp/prefill_ncu_details.csv > "$OUT/prefill_ncu_details.csv.gz" ;;
     attention_grid)  # every cell of the paper grid, root and the Hopper variants (variants/attention_grid.json), with per-phase geomeans
       timeout 580 python3 benchmarks/attention_gpu.py --grid --variants-json benchmarks/variants/attention_grid.json \
         --check-variants hopper --budget-s 540 --out "$OUT/attention_grid.json" 2>&1 | tail -70 ;;
