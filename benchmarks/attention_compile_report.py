@@ -62,14 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl", "LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
         4, 1, ALIGNED)
     # The warp-specialised Gluon prefill (FULL_IMPL), as `_ws_prefill` launches it.
-    n_buf = min(kn["FULL_WS_BUFFERS"], (mod.WS_SMEM_BYTES - 256 * args.head_dim * 2 - 1024)
-                // (4 * kn["BLOCK_N"] * args.head_dim))
     desc = lambda rows: (f"tensordesc<bf16[{rows}, {args.head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "  # noqa: E731
                          "element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
     ws_sig = {"q_desc": desc(64), "k_desc": desc(kn["BLOCK_N"]), "v_desc": desc(kn["BLOCK_N"]), "O": "*bf16",
               "O32": "*bf16", "S": "i32", "qk_scale": "fp32", "BH": "i32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
     prefill_ws = compile_sm90(mod._ws_prefill_kernel, ws_sig, {
-        "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": n_buf,
+        "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": mod._ws_buffers(kn["BLOCK_N"], args.head_dim),
         "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap", "PERSISTENT": kn["FULL_WS_PERSISTENT"] != "off", "WRITE32": False},
         4, 1, ALIGNED, maxnreg=168)
     print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode,

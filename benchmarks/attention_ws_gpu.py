@@ -4,7 +4,7 @@
    on cases of whole 128-row tiles; then, on every timed cell, its bf16 output against the Triton prefill's,
    bit for bit.
 2. Speed: the prefill / train_forward cells of the paper grid, each Gluon variant against the Triton prefill
-   (--variant knobs) and cuDNN SDPA, on the same inputs.
+   (--variant knobs) and SDPA (cuDNN, flash), on the same inputs (`bench.time_prefill`).
 
     python benchmarks/attention_ws_gpu.py --out ws.json [--ws nb2,ov4] [--variant hopper_auto] [--max-seq N]
 
@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
-import math
 import sys
 import tempfile
 import time
@@ -61,39 +59,15 @@ def checks(mod, seeds: list[int]) -> dict:
     return res
 
 
-def time_cell(phase: str, B: int, S: int, impls: dict, rows: list, bits: list) -> None:
-    from triton.testing import do_bench
-
-    HQ, HKV, D = bench.HQ, bench.HKV, bench.D
-    gen = torch.Generator(device="cuda").manual_seed(B * 100003 + S)
-    q = torch.randn((B, HQ, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
-    scale = 1 / math.sqrt(D)
-    flops = 4 * B * HQ * D * S * (S + 1) / 2
-    cell = f"{phase} B{B} S{S}"
-    outs = {}
-    with bench._sdpa("cudnn"):
-        fn = functools.partial(torch.nn.functional.scaled_dot_product_attention, q, k, v, is_causal=True,
-                               scale=scale, enable_gqa=True)
-        fn()
-        ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-    rows.append({"phase": phase, "cell": cell, "impl": "sdpa_cudnn", "ms": ms, "TFLOPs": flops / ms / 1e9})
-    for name, f in impls.items():
-        out = torch.empty_like(q)
-        try:
-            f(q, k, v, scale, out)
-            torch.cuda.synchronize()
-            ms = do_bench(functools.partial(f, q, k, v, scale, out), warmup=25, rep=100, return_mode="median")
-            rows.append({"phase": phase, "cell": cell, "impl": name, "ms": ms, "TFLOPs": flops / ms / 1e9})
-            outs[name] = out
-        except Exception as e:  # noqa: BLE001 - one failing variant is a result
-            rows.append({"phase": phase, "cell": cell, "impl": name, "error": repr(e)[:300]})
+def time_cell(phase: str, B: int, S: int, modules: dict, rows: list, bits: list) -> None:
+    """The bench's prefill timing of one cell, then every Gluon variant's bf16 output against the Triton one's."""
+    outs: dict[str, torch.Tensor] = {}
+    bench.time_prefill(modules, phase, B, S, rows, keep=outs)
     ref = outs.get("triton")
     for name, out in outs.items():
         if name != "triton" and ref is not None:
             differ = int((out.view(torch.int16) != ref.view(torch.int16)).sum())
-            bits.append({"cell": cell, "impl": name, "elements_differing_from_triton": differ})
+            bits.append({"cell": f"{phase} B{B} S{S}", "impl": name, "elements_differing_from_triton": differ})
 
 
 def main() -> int:
@@ -120,7 +94,7 @@ def main() -> int:
               f"({time.time() - t0:.0f} s)", flush=True)
         for fail in r["failed"][:4]:
             print("  FAILED", str(fail)[:300])
-    impls = {"triton": tmod.prefill, **{name: mod.prefill for name, mod in variants.items()}}
+    modules = {"triton": tmod, **variants}
     _, cells = bench.grid_cells()
     for phase, B, S in sorted(cells, key=lambda c: c[2] * c[1]):
         if args.max_seq < S:
@@ -128,7 +102,7 @@ def main() -> int:
         if time.time() - t0 > args.budget_s:
             report.setdefault("skipped", []).append(f"{phase} B{B} S{S}")
             continue
-        time_cell(phase, B, S, impls, report["timings"], report["bits_vs_triton"])
+        time_cell(phase, B, S, modules, report["timings"], report["bits_vs_triton"])
         line = [r for r in report["timings"] if r["cell"] == f"{phase} B{B} S{S}"]
         print(f"{phase} B{B} S{S}: " + " ".join(f"{r['impl']}={r.get('ms', float('nan')):.4g}" for r in line),
               flush=True)

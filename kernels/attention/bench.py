@@ -124,7 +124,10 @@ def _sdpa(backend: str):
     return sdpa_kernel({"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend])
 
 
-def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list[dict]) -> None:
+def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list[dict],
+                 keep: dict[str, torch.Tensor] | None = None) -> None:
+    """Time cuDNN/flash SDPA and every module's prefill on one cell's inputs; `keep` collects each module's
+    output (for bit comparisons between implementations)."""
     from triton.testing import do_bench
 
     F = torch.nn.functional
@@ -158,6 +161,8 @@ def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list
     for name, mod in modules.items():
         try:
             mod.prefill(q, k, v, scale, out)
+            if keep is not None:
+                keep[name] = out.clone()
             ms = do_bench(functools.partial(mod.prefill, q, k, v, scale, out), warmup=25, rep=100,
                           return_mode="median")
             err = float((out.float() - ref.float()).norm() / ref.float().norm()) if ref is not None else None

@@ -757,6 +757,11 @@ def _use_tma(knob: str, *tensors: torch.Tensor, seq: int = 0) -> bool:
 WS_SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use
 
 
+def _ws_buffers(block_n: int, head_d: int) -> int:
+    """K/V slots of the Gluon prefill: FULL_WS_BUFFERS, fewer where they would not fit beside 4 query halves."""
+    return min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - 256 * head_d * 2 - 1024) // (2 * block_n * head_d * 2))
+
+
 def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, a reduced row sum, head dim 64 or
     128, whole KV blocks, contiguous aligned tensors) and return True; else False and the caller runs Triton."""
@@ -766,7 +771,6 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
             and KNOBS["ROW_SUM"] == "reduce" and 128 % bn == 0 and S % bn == 0
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))):
         return False
-    bufs = min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - 256 * D * 2 - 1024) // (2 * bn * D * 2))
     layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     HKV = k.shape[1]
     descs = (TensorDescriptor.from_tensor(q.view(B * HQ * S, D), [64, D], layout),
@@ -780,7 +784,7 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
     _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV,
-        HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=bufs,
+        HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=_ws_buffers(bn, D),
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
         num_warps=4, maxnreg=168)  # 3 warpgroups: 2 x 232 + 40 registers per thread
     return True
