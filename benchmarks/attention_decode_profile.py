@@ -70,6 +70,13 @@ def run(args: argparse.Namespace) -> None:
         torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     Path(args.order).write_text(json.dumps([c[0] for c in calls], indent=1))
+    import datetime
+
+    import triton
+
+    Path(args.order).with_suffix(".meta.json").write_text(json.dumps({
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}, indent=1))
     print("profiled", [c[0] for c in calls])
 
 
@@ -93,7 +100,8 @@ def summarize(args: argparse.Namespace) -> None:
         labelled[k] = label
     for k, v in launches.items():
         v["config"] = labelled.get(k, "")
-    report = {"launches": launches}
+    meta = Path(args.order).with_suffix(".meta.json")
+    report = {**(json.loads(meta.read_text()) if meta.exists() else {}), "launches": launches}
     if args.sass and Path(args.sass).exists():
         hot: dict[str, list] = {}
         current = "?"
