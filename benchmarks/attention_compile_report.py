@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
 
-ALIGNED = {"Q", "K", "V", "CTX", "O", "O32", "M_WS", "L_WS", "ACC_WS", "S", "S_CAP", "TOTAL_ROWS"}
+ALIGNED = {"Q", "K", "V", "CTX", "O", "O32", "M_WS", "L_WS", "ACC_WS", "ARRIVALS", "S", "S_CAP", "TOTAL_ROWS"}
 PREFILL_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*bf16", "S": "i32",
                "TOTAL_ROWS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32", "BH": "i32"}
 DECODE_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
-              "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "S_CAP": "i32", "TOTAL_ROWS": "i32",
-              "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+              "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "ARRIVALS": "*i32", "S_CAP": "i32",
+              "TOTAL_ROWS": "i32", "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 MERGE_SIG = {"CTX": "*i32", "O": "*bf16", "O32": "*bf16", "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32",
              "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         "HEAD_D": args.head_dim, "BLOCK_M": block_m, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split,
         "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
         "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
-        "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "WRITE32": False},
+        "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "FUSED_MERGE": kn["DECODE_MERGE_LAUNCH"] == "fused",
+        "MERGE_ROWS": max(kn["DECODE_MERGE_ROWS"], 4), "MERGE_LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
         kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
     group = 4  # 32 query / 8 KV heads
     merge = compile_sm90(mod._decode_merge_kernel, MERGE_SIG, {
@@ -62,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl", "LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
         4, 1, ALIGNED)
     # The warp-specialised Gluon prefill (FULL_IMPL), as `_ws_prefill` launches it.
-    desc = lambda rows: (f"tensordesc<bf16[{rows}, {args.head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "  # noqa: E731
-                         "element_bitwidth=16, rank=2, transposed=False, fp4_padded=False, cga_layout=[])>")
+    desc = lambda rows: (f"tensordesc<bf16[1, {rows}, {args.head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "  # noqa: E731
+                         "element_bitwidth=16, rank=3, transposed=False, fp4_padded=False, cga_layout=[])>")
     ws_sig = {"q_desc": desc(64), "k_desc": desc(kn["BLOCK_N"]), "v_desc": desc(kn["BLOCK_N"]), "O": "*bf16",
               "O32": "*bf16", "S": "i32", "qk_scale": "fp32", "BH": "i32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
     prefill_ws = compile_sm90(mod._ws_prefill_kernel, ws_sig, {

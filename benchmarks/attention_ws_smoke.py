@@ -1,14 +1,22 @@
-"""Quick GPU smoke of the Gluon prefill (FULL_IMPL) against the Triton one, bits compared; run before long
-benchmarks so that a hang costs seconds, not the whole call: python3 benchmarks/attention_ws_smoke.py"""
+"""Quick GPU smoke of the Gluon prefill (FULL_IMPL) against the Triton one, bits compared, on whole-block and
+ragged lengths, then the fused decode merge against the merge launch; run before long benchmarks so that a hang
+costs seconds, not the whole call: python3 benchmarks/attention_ws_smoke.py"""
 import sys
 
 import torch
+import triton
 
 sys.path.insert(0, ".")
 import kernels.attention.root as r
 
+
+def diff(a, b, view):
+    return int((a.view(view) != b.view(view)).sum())
+
+
 r.KNOBS.update({"FULL_SPLIT_LOOP": "flatten"})
-for S, D, HQ, HKV in ((1984, 128, 32, 8), (1088, 64, 8, 8), (4096, 128, 32, 8), (192, 128, 4, 1)):
+for S, D, HQ, HKV in ((1984, 128, 32, 8), (1088, 64, 8, 8), (4096, 128, 32, 8), (192, 128, 4, 1),
+                      (2076, 128, 32, 8), (1070, 128, 4, 4), (4113, 64, 8, 2), (77, 128, 4, 1)):
     q = torch.randn(2, HQ, S, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(2, HKV, S, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(2, HKV, S, D, device="cuda", dtype=torch.bfloat16)
@@ -24,5 +32,42 @@ for S, D, HQ, HKV in ((1984, 128, 32, 8), (1088, 64, 8, 8), (4096, 128, 32, 8), 
         outs[(impl, sched, pers)] = (o, o32, used)
     ref = outs[("triton", "overlap", "off")]
     for key, (o, o32, used) in outs.items():
-        print(S, D, key, "ws ran" if used else "", "bf16 diff", int((o.view(torch.int16) != ref[0].view(torch.int16)).sum()),
-              "fp32 diff", int((o32.view(torch.int32) != ref[1].view(torch.int32)).sum()), flush=True)
+        print(S, D, key, "ws ran" if used else "", "bf16 diff", diff(o, ref[0], torch.int16),
+              "fp32 diff", diff(o32, ref[1], torch.int32), flush=True)
+
+# Ragged lengths, timed: the Gluon kernel (overlapped, 4 slots, persistent by the auto rule) against Triton.
+r.KNOBS.update({"FULL_KV_LOADS": "auto", "FULL_PERSISTENT": "auto", "FULL_WS_SCHEDULE": "overlap",
+                "FULL_WS_PERSISTENT": "auto"})
+for B, S in ((1, 16000), (4, 4077), (16, 1000)):
+    q = torch.randn(B, 32, S, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, 8, S, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, 8, S, 128, device="cuda", dtype=torch.bfloat16)
+    o = torch.empty_like(q)
+    ms = {}
+    for impl in ("triton", "gluon_ws"):
+        r.KNOBS["FULL_IMPL"] = impl
+        ms[impl] = triton.testing.do_bench(lambda q=q, k=k, v=v, o=o: r.prefill(q, k, v, 0.088, o), warmup=50,
+                                           rep=300)
+    print(f"ragged prefill B{B} S{S} ms: triton {ms['triton']:.4f} gluon {ms['gluon_ws']:.4f}", flush=True)
+
+# The fused decode merge (the last chunk program folds) against the PDL merge launch: bits, mixed lengths.
+r.KNOBS.update({"DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1})
+for split in (1024, 512):
+    r.KNOBS["SPLIT_TOKENS"] = split
+    for B, cap in ((1, 8192), (16, 8192), (7, 3000)):
+        q = torch.randn(B, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        kc = torch.randn(B, 8, cap, 128, device="cuda", dtype=torch.bfloat16)
+        vc = torch.randn(B, 8, cap, 128, device="cuda", dtype=torch.bfloat16)
+        ctx = torch.randint(1, cap + 1, (B,), device="cuda", dtype=torch.int32)
+        ctx[0] = cap
+        res = {}
+        for launch in ("pdl", "fused", "fused"):  # fused twice: the counters must be back at zero
+            r.KNOBS["DECODE_MERGE_LAUNCH"] = launch
+            o = torch.empty_like(q)
+            o32 = torch.empty(q.shape, device="cuda", dtype=torch.float32)
+            r.decode(q, kc, vc, ctx, 0.088, o, o32)
+            torch.cuda.synchronize()
+            res.setdefault(launch, []).append((o, o32))
+        for i, (o, o32) in enumerate(res["fused"]):
+            print(f"decode split {split} B{B} cap{cap} fused #{i}: bf16 diff {diff(o, res['pdl'][0][0], torch.int16)} "
+                  f"fp32 diff {diff(o32, res['pdl'][0][1], torch.int32)}", flush=True)

@@ -73,8 +73,8 @@ class AttentionFamily(Family):
              "L2), longest first; snake: the row_blocks order dealt forwards and backwards in turn, so every "
              "program gets long and short tiles; auto: snake for launches of at most 8 waves of tiles, else off"),
         Knob("FULL_IMPL", ("triton", "gluon_ws", "auto"), "full",
-             "which kernel runs prefill: the Triton one, or (Hopper, reduced row sum, head dim 64/128, lengths of "
-             "whole KV blocks; else Triton) a warp-specialised Gluon kernel with the same per-row operations: a "
+             "which kernel runs prefill: the Triton one, or (Hopper, reduced row sum, head dim 64/128; else "
+             "Triton) a warp-specialised Gluon kernel with the same per-row operations: a "
              "TMA loader warp and one partition per 64-row warpgroup, no CTA barrier between them; auto: Gluon for "
              "launches of more than 4 waves of tiles, Triton below"),
         Knob("FULL_WS_SCHEDULE", ("serial", "overlap"), "full",
@@ -104,9 +104,11 @@ class AttentionFamily(Family):
              "flattened, pipelined loop nest (flatten)"),
         Knob("DECODE_KV_LOADS", ("pointer", "tma"), "decode",
              "how decode loads K/V tiles of whole blocks below the context length: pointers or TMA descriptors"),
-        Knob("DECODE_MERGE_LAUNCH", ("plain", "pdl"), "decode",
-             "launch decode's merge after the chunk kernel (plain) or early with programmatic dependent launch, "
-             "waiting on the chunk grid inside the kernel (pdl; GPU only, the interpreter runs plain)"),
+        Knob("DECODE_MERGE_LAUNCH", ("plain", "pdl", "fused"), "decode",
+             "launch decode's merge after the chunk kernel (plain), early with programmatic dependent launch, "
+             "waiting on the chunk grid inside the kernel (pdl; GPU only, the interpreter runs plain), or not at "
+             "all (fused): the last chunk program of each row group to arrive (an integer arrival counter) folds "
+             "the partials in the same ascending order"),
         Knob("DECODE_FINISH_SINGLE", (False, True), "decode",
              "when the whole cache fits one split chunk, decode is one launch: each program folds its only chunk "
              "into the empty state and normalises it (the merge's own element-wise steps), no merge launch"),

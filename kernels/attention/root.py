@@ -318,10 +318,12 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
 
 
 @triton.jit
-def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
-                   HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                   PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr,
-                   TMA: tl.constexpr, PDL: tl.constexpr, FINISH_SINGLE: tl.constexpr, WRITE32: tl.constexpr):
+def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, S_CAP, TOTAL_ROWS, N_CHUNKS, qk_scale, HQ,
+                   HKV, GROUP, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   SPLIT: tl.constexpr, PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr,
+                   CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr, FINISH_SINGLE: tl.constexpr,
+                   FUSED_MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_LOADS: tl.constexpr,
+                   WRITE32: tl.constexpr):
     """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile."""
     if PDL:
         gdc_launch_dependents()  # the merge launch may start now; it waits for this grid before reading
@@ -359,6 +361,21 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, TOTAL_ROWS, 
     else:
         _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS,
                             N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA)
+        if FUSED_MERGE:
+            # The last of this row group's programs to arrive folds every partial, in ascending chunk order as the
+            # merge launch does: the counter only picks who runs the fold, never its order. The barrier orders all
+            # threads' partial stores before the (cumulative) release; the winner's acquire orders its loads after.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(ARRIVALS + pid, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(0) - 1:
+                tl.store(ARRIVALS + pid, 0)  # reset for the next launch (and CUDA-graph replays)
+                tl.debug_barrier()
+                f_rows = tl.arange(0, MERGE_ROWS)  # the merge launch's tile: the fold is element-wise
+                f_qrow = b * HQ + h0 + f_rows
+                f_ok = f_rows < n_rows
+                acc, m_i, l_i = _fold_partials(M_WS, L_WS, ACC_WS, f_qrow.to(tl.int64) * N_CHUNKS, tl.cdiv(n, SPLIT),
+                                               offs_d, f_ok, qk_scale, MERGE_ROWS, HEAD_D, MERGE_LOADS, ".cg")
+                _store_out(O, O32, f_qrow, offs_d, f_ok, _finish(acc, l_i), HEAD_D, WRITE32)
 
 
 @triton.jit
@@ -402,20 +419,20 @@ def _store_partial(M_WS, L_WS, ACC_WS, ws, offs_d, ok, m_i, l_i, acc, HEAD_D: tl
 
 
 @triton.jit
-def _load_partial(M_WS, L_WS, ACC_WS, ws, offs_d, ok, HEAD_D: tl.constexpr):
-    m = tl.load(M_WS + ws, mask=ok, other=float("-inf"))
-    l = tl.load(L_WS + ws, mask=ok, other=0.0)
-    acc = tl.load(ACC_WS + ws[:, None] * HEAD_D + offs_d[None, :], mask=ok[:, None], other=0.0)
+def _load_partial(M_WS, L_WS, ACC_WS, ws, offs_d, ok, HEAD_D: tl.constexpr, CACHE: tl.constexpr):
+    m = tl.load(M_WS + ws, mask=ok, other=float("-inf"), cache_modifier=CACHE)
+    l = tl.load(L_WS + ws, mask=ok, other=0.0, cache_modifier=CACHE)
+    acc = tl.load(ACC_WS + ws[:, None] * HEAD_D + offs_d[None, :], mask=ok[:, None], other=0.0, cache_modifier=CACHE)
     return m, l, acc
 
 
 @triton.jit
-def _load4(M_WS, L_WS, ACC_WS, ws, c, n_chunks, offs_d, ok, HEAD_D: tl.constexpr):
+def _load4(M_WS, L_WS, ACC_WS, ws, c, n_chunks, offs_d, ok, HEAD_D: tl.constexpr, CACHE: tl.constexpr):
     """Partials c .. c + 3 (the empty state past n_chunks) as one tuple."""
-    return (_load_partial(M_WS, L_WS, ACC_WS, ws + c, offs_d, ok & (c < n_chunks), HEAD_D),
-            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 1, offs_d, ok & (c + 1 < n_chunks), HEAD_D),
-            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 2, offs_d, ok & (c + 2 < n_chunks), HEAD_D),
-            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 3, offs_d, ok & (c + 3 < n_chunks), HEAD_D))
+    return (_load_partial(M_WS, L_WS, ACC_WS, ws + c, offs_d, ok & (c < n_chunks), HEAD_D, CACHE),
+            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 1, offs_d, ok & (c + 1 < n_chunks), HEAD_D, CACHE),
+            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 2, offs_d, ok & (c + 2 < n_chunks), HEAD_D, CACHE),
+            _load_partial(M_WS, L_WS, ACC_WS, ws + c + 3, offs_d, ok & (c + 3 < n_chunks), HEAD_D, CACHE))
 
 
 @triton.jit
@@ -423,6 +440,23 @@ def _fold4(m_i, l_i, acc, parts, qk_scale):
     for j in tl.static_range(4):
         m_i, l_i, acc = _merge(m_i, l_i, acc, parts[j][0], parts[j][1], parts[j][2], qk_scale)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _fold_partials(M_WS, L_WS, ACC_WS, ws, n_chunks, offs_d, row_ok, qk_scale, ROWS: tl.constexpr,
+                   HEAD_D: tl.constexpr, LOADS: tl.constexpr, CACHE: tl.constexpr):
+    """(acc, m, l): the empty state with partials 0 .. n_chunks - 1 folded in, one by one in ascending order, LOADS
+    (4 or 8) independent partial loads in flight; chunks past the end load as the empty state (an exact identity
+    of the merge). Element-wise, so the tile's shape and layout do not change its bits."""
+    acc, m_i, l_i = _fresh(ROWS, HEAD_D)
+    for c in range(0, n_chunks, LOADS):
+        p0 = _load4(M_WS, L_WS, ACC_WS, ws, c, n_chunks, offs_d, row_ok, HEAD_D, CACHE)
+        if LOADS == 8:
+            p1 = _load4(M_WS, L_WS, ACC_WS, ws, c + 4, n_chunks, offs_d, row_ok, HEAD_D, CACHE)
+        m_i, l_i, acc = _fold4(m_i, l_i, acc, p0, qk_scale)
+        if LOADS == 8:
+            m_i, l_i, acc = _fold4(m_i, l_i, acc, p1, qk_scale)
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -439,19 +473,9 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
     rows = tl.arange(0, ROWS)
     offs_d = tl.arange(0, HEAD_D)
     qrow = b * HQ + hk * GROUP + rows
-    n_chunks = tl.cdiv(n, SPLIT)
     row_ok = rows < GROUP
-    acc, m_i, l_i = _fresh(ROWS, HEAD_D)
-    ws = qrow.to(tl.int64) * N_CHUNKS
-    for c in range(0, n_chunks, LOADS):
-        # LOADS (4 or 8) independent partial loads in flight, folded one by one in ascending chunk order;
-        # chunks past the end load as the empty state (an exact identity of the merge).
-        p0 = _load4(M_WS, L_WS, ACC_WS, ws, c, n_chunks, offs_d, row_ok, HEAD_D)
-        if LOADS == 8:
-            p1 = _load4(M_WS, L_WS, ACC_WS, ws, c + 4, n_chunks, offs_d, row_ok, HEAD_D)
-        m_i, l_i, acc = _fold4(m_i, l_i, acc, p0, qk_scale)
-        if LOADS == 8:
-            m_i, l_i, acc = _fold4(m_i, l_i, acc, p1, qk_scale)
+    acc, m_i, l_i = _fold_partials(M_WS, L_WS, ACC_WS, qrow.to(tl.int64) * N_CHUNKS, tl.cdiv(n, SPLIT), offs_d,
+                                   row_ok, qk_scale, ROWS, HEAD_D, LOADS, "")
     _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
 
 
@@ -462,17 +486,19 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
 # other's MMAs. Per row it does what `_prefill_tile` does with the flat split loop: the same wgmma shapes (the
 # layouts Triton gives the 8-warp 128-row tile), the same expressions as `_attn_block` and `_merge` (restated:
 # Gluon cannot call Triton functions), the row sum reduced over the same accumulator layout. Path knob
-# FULL_IMPL; covered: ROW_SUM "reduce", head dim 64/128, sequence lengths that are whole KV blocks.
+# FULL_IMPL; covered: ROW_SUM "reduce", head dim 64/128, any sequence length. Q, K and V come through rank-3
+# [heads, seq, dim] descriptors, so rows past the sequence load as zeros, as `_load_block`'s masked loads do.
 WS_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
+WS_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 WS_LOWER = gl.constexpr(0)
 WS_UPPER = gl.constexpr(1)
 
 
 @gluon.jit
 def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr):
-    """This program's i-th tile: (first row, batch * head, first row of its K/V in the flat [B * HKV * S, D] view,
-    KV blocks it walks). One tile per program in launch order (a head's row blocks, longest first), or as one
-    program per SM the row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair."""
+    """This program's i-th tile: (first row, batch * head, flat KV head, end of its keys). One tile per program in
+    launch order (a head's row blocks, longest first), or as one program per SM the row-block-major tiles dealt
+    like `_prefill_kernel`'s snake: long and short tiles pair."""
     n_m = gl.cdiv(S, 2 * WS_ROWS)
     if PERSISTENT:
         p = gl.program_id(0)
@@ -484,7 +510,7 @@ def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr):
         pid_m = n_m - 1 - gl.program_id(0) % n_m
         bh = gl.program_id(0) // n_m
     tile_start = pid_m * 2 * WS_ROWS
-    return tile_start, bh, (bh // HQ * HKV + bh % HQ // GROUP) * S, gl.minimum(tile_start + 2 * WS_ROWS, S)
+    return tile_start, bh, bh // HQ * HKV + bh % HQ // GROUP, gl.minimum(tile_start + 2 * WS_ROWS, S)
 
 
 @gluon.jit
@@ -508,24 +534,30 @@ def _ws_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty,
     slot ring (which runs on across tiles, so the next tile's first blocks load during this one's last)."""
     g = 0  # blocks loaded so far: ring slot and phase
     for i in range(_ws_n_tiles(S, BH, PERSISTENT)):
-        tile_start, bh, kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT)
+        tile_start, bh, kv_head, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT)
         # A fresh mbarrier counts as having completed the phase before 0, so the first round passes at once.
         mbarrier.wait(q_empty.index(i % 2), ((i // 2) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(i % 2), 2 * q_desc.block_type.nbytes)
-        q_row0 = bh * S + tile_start
-        gtma.async_copy_global_to_shared(q_desc, [q_row0, 0], q_ready.index(i % 2), q_bufs.index(2 * (i % 2)))
-        gtma.async_copy_global_to_shared(q_desc, [q_row0 + WS_ROWS, 0], q_ready.index(i % 2),
-                                         q_bufs.index(2 * (i % 2) + 1))
-        for j in range(hi // BLOCK_N):
+        mbarrier.expect(q_ready.index(i % 2), 2 * q_desc.block_type.nbytes)  # rows past S count as loaded zeros
+        for h in gl.static_range(2):
+            gtma.async_copy_global_to_shared(q_desc, [bh, tile_start + h * WS_ROWS, 0], q_ready.index(i % 2),
+                                             _ws_box(q_bufs.index(2 * (i % 2) + h), q_desc))
+        for j in range(gl.cdiv(hi, BLOCK_N)):
             slot = g % NUM_BUF
             mbarrier.wait(empty.index(slot), ((g // NUM_BUF) & 1) ^ 1)
             mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            gtma.async_copy_global_to_shared(k_desc, [kv_row0 + j * BLOCK_N, 0], k_ready.index(slot),
-                                             k_bufs.index(slot))
+            gtma.async_copy_global_to_shared(k_desc, [kv_head, j * BLOCK_N, 0], k_ready.index(slot),
+                                             _ws_box(k_bufs.index(slot), k_desc))
             mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            gtma.async_copy_global_to_shared(v_desc, [kv_row0 + j * BLOCK_N, 0], v_ready.index(slot),
-                                             v_bufs.index(slot))
+            gtma.async_copy_global_to_shared(v_desc, [kv_head, j * BLOCK_N, 0], v_ready.index(slot),
+                                             _ws_box(v_bufs.index(slot), v_desc))
             g += 1
+
+
+@gluon.jit
+def _ws_box(buf, desc):
+    """A [rows, dim] slot seen as the descriptor's [1, rows, dim] box (a leading unit dimension: same bytes and
+    swizzle)."""
+    return buf._reinterpret(gl.bfloat16, desc.block_type.shape, desc.layout)
 
 
 @gluon.jit
@@ -680,11 +712,12 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
         mbarrier.wait(q_ready.index(i % 2), (i // 2) & 1)
         # The 128-row tile's blocks as `_prefill_tile` walks them: unmasked below its first row, masked from there
         # to its last row or the sequence end (a mask a row sees in full changes no bit).
+        n_blocks = gl.cdiv(hi, BLOCK_N)
         m_i, l_i, acc = _ws_rows(q_bufs.index(2 * (i % 2) + HALF), k_bufs, v_bufs, k_ready, v_ready, empty, g, rows,
-                                 hi // BLOCK_N, tile_start // BLOCK_N, qk_scale, S_ROW, HEAD_D, BLOCK_N, SPLIT,
+                                 n_blocks, tile_start // BLOCK_N, qk_scale, S_ROW, HEAD_D, BLOCK_N, SPLIT,
                                  NUM_BUF, OVERLAP)
         mbarrier.arrive(q_empty.index(i % 2), count=1)  # every MMA reading this Q slot has completed
-        g += hi // BLOCK_N
+        g += n_blocks
         o = acc / gl.convert_layout(l_i, O_ROW)[:, None]
         r = HALF * WS_ROWS + gl.arange(0, WS_ROWS, layout=O_ROW)
         io = ((bh * S + tile_start).to(gl.int64) + r[:, None]) * HEAD_D + \
@@ -699,9 +732,9 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
 def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV, GROUP,
                        HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
                        OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr):
-    q_bufs = gl.allocate_shared_memory(gl.bfloat16, [4, WS_ROWS, HEAD_D], q_desc.layout)  # 2 tiles x 2 halves
-    k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], k_desc.layout)
-    v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(gl.bfloat16, [4, WS_ROWS, HEAD_D], WS_SMEM)  # 2 tiles x 2 halves
+    k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
+    v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
     q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
@@ -764,18 +797,19 @@ def _ws_buffers(block_n: int, head_d: int) -> int:
 
 def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, a reduced row sum, head dim 64 or
-    128, whole KV blocks, contiguous aligned tensors) and return True; else False and the caller runs Triton."""
+    128, contiguous aligned tensors) and return True; else False and the caller runs Triton."""
     B, HQ, S, D = q.shape
     bn = KNOBS["BLOCK_N"]
     if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and D in (64, 128)
-            and KNOBS["ROW_SUM"] == "reduce" and 128 % bn == 0 and S % bn == 0
+            and KNOBS["ROW_SUM"] == "reduce" and 128 % bn == 0
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))):
         return False
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    # Rank 3 ([heads, seq, dim]): a box reaching past the sequence end reads zeros, never the next head's rows.
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
     HKV = k.shape[1]
-    descs = (TensorDescriptor.from_tensor(q.view(B * HQ * S, D), [64, D], layout),
-             TensorDescriptor.from_tensor(k.view(B * HKV * S, D), [bn, D], layout),
-             TensorDescriptor.from_tensor(v.view(B * HKV * S, D), [bn, D], layout))
+    descs = (TensorDescriptor.from_tensor(q.view(B * HQ, S, D), [1, 64, D], layout),
+             TensorDescriptor.from_tensor(k.view(B * HKV, S, D), [1, bn, D], layout),
+             TensorDescriptor.from_tensor(v.view(B * HKV, S, D), [1, bn, D], layout))
     tiles = triton.cdiv(S, 128) * B * HQ
     sms = _sm_count(q.device)
     persistent = KNOBS["FULL_WS_PERSISTENT"]
@@ -818,6 +852,19 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     )
 
 
+_ARRIVALS: dict[tuple, torch.Tensor] = {}
+
+
+def _arrivals(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters for a fused decode merge, one per row group, kept per device and stream: each
+    launch's last program resets its counter, so the buffer is zero again between launches and graph replays."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    buf = _ARRIVALS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _ARRIVALS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,
            sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None) -> None:
     """One new token per sequence: q [B, HQ, 1, D] attends keys [0, context_lens[b]) of k/v_cache
@@ -838,6 +885,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     merge = bool(split) and not finish_single
     # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
     pdl = merge and KNOBS["DECODE_MERGE_LAUNCH"] == "pdl" and q.is_cuda
+    fused = merge and KNOBS["DECODE_MERGE_LAUNCH"] == "fused"  # the chunk grid's last programs fold: one launch
     if split:
         n_chunks = triton.cdiv(s_cap, split)
         if cpp == 0:  # "auto": the fewest programs that still give every SM two (which program computes a
@@ -855,14 +903,17 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     else:  # no partials: the slots are never read or written
         m_ws = l_ws = acc_ws = o32
     grid = (triton.cdiv(n_chunks, cpp), B * (HKV if pack else HQ))
+    arrivals = _arrivals(q.device, grid[1]) if fused else m_ws
+    # rows of the merge's tile: the row group (a KV head's query heads, or one query head) padded
+    merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group if pack else 1))
     _decode_kernel[grid](
-        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, B * HKV * s_cap, n_chunks, qk_scale,
-        HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
+        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, s_cap, B * HKV * s_cap, n_chunks,
+        qk_scale, HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
         CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"], TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
-        FINISH_SINGLE=finish_single, WRITE32=out32 is not None,
-        num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
+        FINISH_SINGLE=finish_single, FUSED_MERGE=fused, MERGE_ROWS=merge_rows, MERGE_LOADS=KNOBS["DECODE_MERGE_LOADS"],
+        WRITE32=out32 is not None, num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
     )
-    if merge:
+    if merge and not fused:
         _decode_merge_kernel[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
             HEAD_D=D, ROWS=max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group)), SPLIT=split, PDL=pdl,

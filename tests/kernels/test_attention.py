@@ -153,6 +153,27 @@ def test_merge_loading_several_partials_agrees(loads, rows):
     assert not failed(results), failed(results)
 
 
+@pytest.mark.parametrize("pack,loads", [(True, 8), (False, 4)])
+def test_fused_merge_folds_in_the_last_program_without_a_merge_launch(pack, loads):
+    # Up to ten 16-token chunks per sequence in mixed-length batches, several chunks per program: the last
+    # program of each row group folds the partials itself (the merge kernel raises if launched), with the same
+    # bits as the merge launch, and leaves every arrival counter at zero for the next call.
+    src = with_knobs(FAMILY.root_source(), BLOCK_N=16, SPLIT_TOKENS=16, BLOCK_M=64, DECODE_MERGE_LAUNCH="fused",
+                     DECODE_PACK_GQA=pack, DECODE_MERGE_LOADS=loads, DECODE_CHUNKS_PER_PROGRAM=0)
+    mod = load(src)
+
+    class NoMerge:
+        def __getitem__(self, grid):
+            raise AssertionError("merge launched although it is fused")
+
+    mod._decode_merge_kernel = NoMerge()
+    case = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 130, "answer": 20, "scale": 1.0}
+    results = FAMILY.run_checks(mod, case, 6, "cpu")
+    assert len(results) >= 15
+    assert not failed(results), failed(results)
+    assert mod._ARRIVALS and all(int(buf.abs().sum()) == 0 for buf in mod._ARRIVALS.values())
+
+
 # Knob combinations the search may choose: path-only knobs from the legal space; contract knobs scaled down so
 # that the tiny CPU shapes still cross block and chunk edges (the legal splits are >= 256 tokens).
 _rng = random.Random(0)
@@ -410,6 +431,7 @@ def test_root_and_hopper_knobs_compile_for_hopper():
                                       "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
                                       "DECODE_MERGE_ROWS": 1, "FULL_WS_PERSISTENT": "snake"}, True),
                        ({"DECODE_FINISH_SINGLE": True}, False),
+                       ({"DECODE_MERGE_LAUNCH": "fused", "DECODE_MERGE_ROWS": 1, "DECODE_MERGE_LOADS": 8}, False),
                        ({"ROW_SUM": "tree", "FULL_WS_SCHEDULE": "serial", "FULL_WS_BUFFERS": 2,
                          "head_dim": 64}, False)):
         knobs = dict(knobs)
