@@ -63,6 +63,13 @@ class MoERoutingFamily(Family):
              "round-trip the chosen keys through the ids output so the epilogue runs once per row ('auto': when "
              "more than 2 threads share a row) or let every thread of the row repeat it ('off', no memory round "
              "trip)"),
+        Knob("FULL_BLOCK_T", (0, 4, 8, 16, 32, 64), "full",
+             "tokens per tile of the full path where no softmax row sum is taken (logit keys, weights "
+             "renormalised from the logits): the tile then changes no bit; 0 = BLOCK_T. With 32 tokens per warp "
+             "each thread holds a whole row: no shuffles, and the epilogue runs once per row"),
+        Knob("FULL_NUM_WARPS", (0, 1, 2, 4), "full", "warps per full-path tile under the same rule; 0 = NUM_WARPS"),
+        Knob("DECODE_BLOCK_T", (0, 1, 2, 4, 8, 16, 32), "decode", "as FULL_BLOCK_T, for decode"),
+        Knob("DECODE_NUM_WARPS", (0, 1, 2, 4), "decode", "as FULL_NUM_WARPS, for decode"),
         Knob("DECODE_TILES_PER_PROGRAM", (1, 2, 4), "decode", "tiles looped over by one program in decode"),
         Knob("DECODE_NUM_STAGES", (1, 2, 3), "decode", "software pipelining depth of decode"),
         Knob("DECODE_PREFETCH", (False, True), "decode", "as FULL_PREFETCH, for decode"),
@@ -92,7 +99,12 @@ class MoERoutingFamily(Family):
                             "occupancy more than the overlap)", paths=("full",),
                             knobs=("FULL_TILES_PER_PROGRAM", "FULL_NUM_STAGES", "FULL_PREFETCH")),
             OpportunitySpec("decode_schedule", "Tune the decode launch for 1-256 tokens", paths=("decode",),
-                            knobs=("DECODE_TILES_PER_PROGRAM", "DECODE_NUM_STAGES", "DECODE_PREFETCH")),
+                            knobs=("DECODE_TILES_PER_PROGRAM", "DECODE_NUM_STAGES", "DECODE_PREFETCH",
+                                   "DECODE_BLOCK_T", "DECODE_NUM_WARPS")),
+            OpportunitySpec("full_row_per_thread", "Without a row sum the tile is free per path: 32 tokens per "
+                            "warp put a whole row in each thread (sm_90a compile: 87 instead of 140 warp "
+                            "instructions per token), while decode keeps small tiles for small batches",
+                            paths=("full",), knobs=("FULL_BLOCK_T", "FULL_NUM_WARPS")),
         ]
 
     def check_cases(self, level: str) -> list[dict[str, Any]]:

@@ -24,6 +24,10 @@ Selection (SELECT):
 RENORM_FROM (with renormalisation and "logit_key" only): "probs" renormalises the k probabilities exp(x - m) / s;
 "logits" renormalises exp(x - m) of the k chosen experts directly, the same value without the row sum s, so
 the whole-row exp and sum are skipped (a different rounding: a contract choice).
+Tile shape per path (FULL_/DECODE_BLOCK_T, _NUM_WARPS; 0 = the contract's BLOCK_T / NUM_WARPS): only where no
+softmax row sum is taken, i.e. "logit_key" with RENORM_FROM "logits" and renormalisation. Every remaining step is
+exact (keys, row max, selection) or element-wise or sequential per row (exp(x - m) of the chosen, the slot-order
+sum, the division), so the tile cannot change a bit; elsewhere both paths keep the contract tile.
 EXPERT_GROUP > 0 loads the tile as [BLOCK_T, BLOCK_E / G, G] (G experts = one 16-byte vector per thread), so
 Triton lays whole rows into few threads (32 * NUM_WARPS / BLOCK_T of them when BLOCK_T <= 32 * NUM_WARPS)
 and the per-round reductions need few or no shuffles; 0 keeps the flat [BLOCK_T, BLOCK_E] tile (16 threads per
@@ -48,6 +52,10 @@ KNOBS = {
     "DECODE_NUM_STAGES": 1,
     "DECODE_PREFETCH": False,
     "DECODE_STAGE_KEYS": "off",
+    "FULL_BLOCK_T": 0,
+    "FULL_NUM_WARPS": 0,
+    "DECODE_BLOCK_T": 0,
+    "DECODE_NUM_WARPS": 0,
 }
 
 
@@ -235,12 +243,20 @@ def _contract(E: int) -> dict:
             "FROM_LOGITS": KNOBS["SELECT"] == "logit_key" and KNOBS["RENORM_FROM"] == "logits"}
 
 
-def _stage_keys(block_e: int, group: int, path: str) -> bool:
+def _stage_keys(block_e: int, group: int, path: str, block_t: int, warps: int) -> bool:
     """Whether the chosen keys round-trip through the ids output (path-only: the round trip is exact).
     Threads holding parts of one row: the flat tile spreads a row over up to 16 threads, a grouped one over
-    32 * NUM_WARPS / BLOCK_T; "auto" stages when that is more than 2."""
-    lanes = min(16, block_e // 8) if group == 0 else max(1, 32 * KNOBS["NUM_WARPS"] // KNOBS["BLOCK_T"])
+    32 * warps / block_t; "auto" stages when that is more than 2."""
+    lanes = min(16, block_e // 8) if group == 0 else max(1, 32 * warps // block_t)
     return KNOBS[path + "_STAGE_KEYS"] == "auto" and KNOBS["SELECT"] == "logit_key" and lanes > 2
+
+
+def _tile(path: str, renormalize: bool) -> tuple[int, int]:
+    """(tokens per tile, warps) of a launch: the path's own where no row sum is taken (the tile then changes no
+    bit), else the contract's."""
+    free = KNOBS["SELECT"] == "logit_key" and KNOBS["RENORM_FROM"] == "logits" and renormalize
+    block_t = (free and KNOBS[path + "_BLOCK_T"]) or KNOBS["BLOCK_T"]
+    return block_t, (free and KNOBS[path + "_NUM_WARPS"]) or KNOBS["NUM_WARPS"]
 
 
 def _launch(logits, weights, ids, weights32, renormalize, path):
@@ -249,14 +265,15 @@ def _launch(logits, weights, ids, weights32, renormalize, path):
     tiles_pp = KNOBS[path + "_TILES_PER_PROGRAM"]
     if T == 0:
         return
-    grid = (triton.cdiv(triton.cdiv(T, KNOBS["BLOCK_T"]), tiles_pp),)
-    contract = _contract(E)
+    block_t, warps = _tile(path, bool(renormalize))
+    grid = (triton.cdiv(triton.cdiv(T, block_t), tiles_pp),)
+    contract = {**_contract(E), "BLOCK_T": block_t}
     _route_kernel[grid](
         logits, weights, weights32 if weights32 is not None else weights, ids, T, E,
         RENORM=bool(renormalize), WRITE32=weights32 is not None, TOP_K=top_k,
         K_PAD=triton.next_power_of_2(top_k), TILES_PER_PROGRAM=tiles_pp, PREFETCH=KNOBS[path + "_PREFETCH"],
-        STAGE_KEYS=_stage_keys(contract["BLOCK_E"], contract["GROUP"], path), **contract,
-        num_warps=KNOBS["NUM_WARPS"], num_stages=KNOBS[path + "_NUM_STAGES"])
+        STAGE_KEYS=_stage_keys(contract["BLOCK_E"], contract["GROUP"], path, block_t, warps), **contract,
+        num_warps=warps, num_stages=KNOBS[path + "_NUM_STAGES"])
 
 
 def moe_routing_full(logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,

@@ -34,6 +34,10 @@ def test_root_passes_all_cases():
     {"FULL_TILES_PER_PROGRAM": 3, "FULL_PREFETCH": True, "DECODE_TILES_PER_PROGRAM": 2, "DECODE_PREFETCH": True},
     {"BLOCK_T": 8, "FULL_STAGE_KEYS": "auto"},  # keys staged (round trip through the ids) in the full path only
     {"BLOCK_T": 8, "DECODE_STAGE_KEYS": "auto"},
+    # per-path tiles (a row per thread in the full path; decode tiles of 2 tokens on 2 warps); the renormalize=False
+    # case keeps the contract tile in both paths
+    {"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1, "DECODE_BLOCK_T": 2, "DECODE_NUM_WARPS": 2},
+    {"FULL_BLOCK_T": 64, "FULL_NUM_WARPS": 2, "RENORM_FROM": "probs"},  # a row sum: the path tiles are ignored
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
@@ -127,3 +131,11 @@ def test_workloads_validate():
     assert len(names) == len(set(names))
     for w in spec["workloads"]:
         FAMILY.validate_workload(w)
+
+
+def test_path_tiles_apply_only_without_a_row_sum():
+    impl = load("tiles", FULL_BLOCK_T=32, FULL_NUM_WARPS=1, DECODE_BLOCK_T=2)
+    assert impl._tile("FULL", True) == (32, 1) and impl._tile("DECODE", True) == (2, 1)
+    assert impl._tile("FULL", False) == (4, 1)  # renormalize=False: the weights divide by the row sum
+    probs = load("tiles_probs", FULL_BLOCK_T=32, FULL_NUM_WARPS=2, RENORM_FROM="probs")
+    assert probs._tile("FULL", True) == (4, 1)
