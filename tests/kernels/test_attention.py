@@ -398,6 +398,16 @@ def test_bench_grid_and_geomeans():
     assert g["prefill"]["root"] == pytest.approx(0.75) and g["prefill"]["root_cells"] == 1  # cuDNN is the peer
 
 
+def test_named_bench_variants_use_declared_knob_values():
+    # `tik-evo bench attention --variants NAME` runs these; a misspelt knob or value would time something else.
+    from kernels.attention.bench import VARIANTS
+
+    space = {k.name: k.values for k in FAMILY.knobs}
+    for name, knobs in VARIANTS.items():
+        for knob, value in knobs.items():
+            assert knob in space and value in space[knob], (name, knob, value)
+
+
 def test_bench_takes_the_best_of_a_run(tmp_path):
     from kernels.attention.bench import best_of
     from tik_evo.records import Implementation
