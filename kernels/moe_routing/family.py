@@ -63,7 +63,7 @@ class MoERoutingFamily(Family):
              "round-trip the chosen keys through the ids output so the epilogue runs once per row ('auto': when "
              "more than 2 threads share a row) or let every thread of the row repeat it ('off', no memory round "
              "trip)"),
-        Knob("FULL_BLOCK_T", (0, 4, 8, 16, 32, 64), "full",
+        Knob("FULL_BLOCK_T", (0, 4, 8, 16, 32, 64, 128), "full",
              "tokens per tile of the full path where no softmax row sum is taken (logit keys, weights "
              "renormalised from the logits): the tile then changes no bit; 0 = BLOCK_T. With 32 tokens per warp "
              "each thread holds a whole row: no shuffles, and the epilogue runs once per row"),

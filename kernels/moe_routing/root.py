@@ -52,7 +52,7 @@ KNOBS = {
     "DECODE_NUM_STAGES": 1,
     "DECODE_PREFETCH": False,
     "DECODE_STAGE_KEYS": "off",
-    "FULL_BLOCK_T": 0,
+    "FULL_BLOCK_T": 8,
     "FULL_NUM_WARPS": 0,
     "DECODE_BLOCK_T": 0,
     "DECODE_NUM_WARPS": 0,
