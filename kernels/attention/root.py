@@ -788,6 +788,7 @@ def _use_tma(knob: str, *tensors: torch.Tensor, seq: int = 0) -> bool:
 
 
 WS_SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use
+_WS_DESC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 
 
 def _ws_buffers(block_n: int, head_d: int) -> int:
@@ -805,11 +806,11 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))):
         return False
     # Rank 3 ([heads, seq, dim]): a box reaching past the sequence end reads zeros, never the next head's rows.
-    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+    # (Built from the contiguous tensors directly and with one shared layout object: this runs on every call.)
     HKV = k.shape[1]
-    descs = (TensorDescriptor.from_tensor(q.view(B * HQ, S, D), [1, 64, D], layout),
-             TensorDescriptor.from_tensor(k.view(B * HKV, S, D), [1, bn, D], layout),
-             TensorDescriptor.from_tensor(v.view(B * HKV, S, D), [1, bn, D], layout))
+    descs = (TensorDescriptor(q, [B * HQ, S, D], [S * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT),
+             TensorDescriptor(k, [B * HKV, S, D], [S * D, D, 1], [1, bn, D], _WS_DESC_LAYOUT),
+             TensorDescriptor(v, [B * HKV, S, D], [S * D, D, 1], [1, bn, D], _WS_DESC_LAYOUT))
     tiles = triton.cdiv(S, 128) * B * HQ
     sms = _sm_count(q.device)
     persistent = KNOBS["FULL_WS_PERSISTENT"]
