@@ -5,7 +5,8 @@ Both entry points walk KV blocks of BLOCK_N keys from key 0 upwards through one 
 query row gets the same bits whichever path computed it. With SPLIT_TOKENS > 0 the keys are cut into fixed
 chunks of SPLIT_TOKENS absolute positions; each chunk starts from a fresh softmax state and the chunks are
 folded in ascending order by one shared merge function (`_merge`). Decode computes the chunks in parallel
-programs (flash-decoding) and folds them in a second launch; prefill reproduces the same chunks and folds
+programs (flash-decoding) and folds them in a second launch, or in the last chunk program of each row group to
+finish (DECODE_MERGE_LAUNCH="fused"; an arrival counter picks the program, never the order); prefill reproduces the same chunks and folds
 per query tile (one loop per chunk, or one loop that folds at chunk ends: FULL_SPLIT_LOOP). Multiply-adds
 whose rounding matters are written as explicit `fma` (probabilities, row sums, merges), so the compiler cannot
 contract them differently in masked and unmasked blocks or in the two paths. How a tile reaches the dot
