@@ -854,17 +854,18 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     )
 
 
-_ARRIVALS: dict[tuple, torch.Tensor] = {}
+_ARRIVALS: dict[tuple, list[torch.Tensor]] = {}
 
 
 def _arrivals(device: torch.device, n: int) -> torch.Tensor:
     """Zeroed int32 arrival counters for a fused decode merge, one per row group, kept per device and stream: each
-    launch's last program resets its counter, so the buffer is zero again between launches and graph replays."""
+    launch's last program resets its counter, so the buffer is zero again between launches and graph replays.
+    Outgrown buffers stay referenced: a captured CUDA graph may still point at one."""
     key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    buf = _ARRIVALS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _ARRIVALS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
+    bufs = _ARRIVALS.setdefault(key, [])
+    if not bufs or bufs[-1].numel() < n:
+        bufs.append(torch.zeros(max(n, 1024), dtype=torch.int32, device=device))
+    return bufs[-1]
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,

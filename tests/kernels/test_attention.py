@@ -172,7 +172,10 @@ def test_fused_merge_folds_in_the_last_program_without_a_merge_launch(pack, load
     results = FAMILY.run_checks(mod, case, 6, "cpu")
     assert len(results) >= 15
     assert not failed(results), failed(results)
-    assert mod._ARRIVALS and all(int(buf.abs().sum()) == 0 for buf in mod._ARRIVALS.values())
+    assert mod._ARRIVALS and all(int(buf.abs().sum()) == 0 for bufs in mod._ARRIVALS.values() for buf in bufs)
+    first = mod._arrivals(torch.device("cpu"), 1)
+    assert mod._arrivals(torch.device("cpu"), 5000) is not first  # grown ...
+    assert any(buf is first for buf in mod._ARRIVALS[(torch.device("cpu"), 0)])  # ... and the old one kept alive
 
 
 # Knob combinations the search may choose: path-only knobs from the legal space; contract knobs scaled down so
