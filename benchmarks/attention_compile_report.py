@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"], ALIGNED)
     split = kn["SPLIT_TOKENS"] if args.decode_split is None else args.decode_split
     cpp = kn["DECODE_CHUNKS_PER_PROGRAM"] or 8  # "auto" resolves at launch; 8 is its value at B16 ctx 8K split 256
-    # The decode tile as decode() picks it (32 query / 8 KV heads: groups of 4 rows fit every tile).
+    group = 4  # 32 query / 8 KV heads
+    # The decode tile as decode() picks it (groups of 4 rows fit every tile).
     layout_free = kn["ROW_SUM"] != "reduce"
     block_m = kn["DECODE_BLOCK_M"] if layout_free else max(kn["DECODE_BLOCK_M"], 64)
     decode = compile_sm90(mod._decode_kernel, DECODE_SIG, {
@@ -55,9 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
         "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
         "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "FUSED_MERGE": kn["DECODE_MERGE_LAUNCH"] == "fused",
-        "MERGE_ROWS": max(kn["DECODE_MERGE_ROWS"], 4), "MERGE_LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
+        "MERGE_ROWS": max(kn["DECODE_MERGE_ROWS"], group), "MERGE_LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
         kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
-    group = 4  # 32 query / 8 KV heads
     merge = compile_sm90(mod._decode_merge_kernel, MERGE_SIG, {
         "HEAD_D": args.head_dim, "ROWS": max(kn["DECODE_MERGE_ROWS"], group), "SPLIT": split,
         "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl", "LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},

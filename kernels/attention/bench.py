@@ -62,15 +62,12 @@ VARIANTS: dict[str, dict[str, Any]] = {
                   "FULL_IMPL": "auto", "FULL_WS_SCHEDULE": "overlap", "FULL_WS_BUFFERS": 4, "FULL_WS_PERSISTENT": "auto",
                   "DECODE_MERGE_LAUNCH": "pdl", "DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8,
                   "DECODE_MERGE_ROWS": 1},
-    # The same with 512-token split chunks (a contract change: decode of short contexts gets twice the programs;
-    # the Gluon prefill pays 1.5-2.7% for the extra merges) and decode's merge folded by the chunk grid's last
-    # programs (runs 26-28: decode 1.008-1.010x SDPA, B1 ctx 8K 14.6-14.7 us).
-    "hopper_ws_s512": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "auto", "FULL_PERSISTENT": "auto",
-                       "FULL_IMPL": "auto", "FULL_WS_SCHEDULE": "overlap", "FULL_WS_BUFFERS": 4,
-                       "FULL_WS_PERSISTENT": "auto", "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": 0,
-                       "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LAUNCH": "fused", "DECODE_FINISH_SINGLE": True,
-                       "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1},
 }
+# The same with 512-token split chunks (a contract change: decode of short contexts gets twice the programs;
+# the Gluon prefill pays 1.5-2.7% for the extra merges) and decode's merge folded by the chunk grid's last
+# programs (runs 26-28: decode 1.008-1.010x SDPA, B1 ctx 8K 14.6-14.7 us).
+VARIANTS["hopper_ws_s512"] = {**VARIANTS["hopper_ws"], "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": 0,
+                              "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LAUNCH": "fused"}
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.
 SWEEP: dict[str, dict[str, Any]] = {
