@@ -2,6 +2,9 @@
 embedding): each family's root against torch eager, torch.compile and Liger-Kernel where Liger has the op;
 bitwise path consistency at model shapes (the families' own checks, run on the GPU); achieved bandwidth
 against a device-to-device copy ceiling measured in the same run. Writes JSON to --out; prints a table last.
+rope is timed both ways: `root_us` looks each token's cos/sin row up in the table by position (as the engine
+times it), `root_rows_us` is handed the rows pre-gathered outside the timed region, as Liger's cos/sin are
+(a model gathers them once per step for all layers); `rows_bitwise` says the two gave the same bits.
 
     PYTHONPATH=$PWD python3 benchmarks/ops_rowwise_gpu.py [--families a,b] [--out DIR] [--all-workloads]
 
@@ -249,21 +252,22 @@ def rot_cos_sin(fam_mod, workload, pos):
     return cos2, sin2
 
 
-def peers(family: str, workload: dict, liger, fam_mod) -> dict:
-    """name -> zero-arg callable on rotated inputs of the workload's shape (outputs may be discarded).
+def peers(family: str, workload: dict, liger, fam_mod, impl=None) -> dict:
+    """name -> zero-arg callable on rotated inputs of the workload's shape (outputs may be discarded). With
+    `impl` (the timed root or variant) also its other entry forms timed like the peers (rope: "root_rows").
 
     Rotates through as many input sets as the families' own benches do (`checks.input_copies`), so a peer is
     not served from L2 while ours reads HBM (decode-sized inputs fit in the 60 MB L2)."""
     if DEVICE != "cuda":
-        return peer_set(family, workload, liger, fam_mod, 123)
+        return peer_set(family, workload, liger, fam_mod, 123, impl)
     before = torch.cuda.memory_allocated()
-    first = peer_set(family, workload, liger, fam_mod, 123)
+    first = peer_set(family, workload, liger, fam_mod, 123, impl)
     n = checks.input_copies(DEVICE, torch.cuda.memory_allocated() - before)
-    sets = [first] + [peer_set(family, workload, liger, fam_mod, 123 + i) for i in range(1, n)]
+    sets = [first] + [peer_set(family, workload, liger, fam_mod, 123 + i, impl) for i in range(1, n)]
     return {name: checks.rotate(lambda f: f(), [s[name] for s in sets]) for name in first}
 
 
-def peer_set(family: str, workload: dict, liger, fam_mod, seed: int) -> dict:
+def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) -> dict:
     """One input set's peers: name -> zero-arg callable."""
     full = workload["phase"] == "full"
     T = workload["tokens"] if full else workload["batch"]
@@ -308,6 +312,11 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int) -> dict:
                 # Liger wants [batch, heads, seq, dim] views of [batch, seq, heads, dim] storage; rotates in place.
                 liger["rope"](ql[None].transpose(1, 2), kl[None].transpose(1, 2), c1, s1)
             out["liger"] = lig
+        if impl is not None and fam_mod.takes_rows(impl):
+            rows = rope_rows(impl, fam_mod, workload, pos)  # gathered outside the timed region, like cos2/sin2
+            fn = impl.rope_full if full else impl.rope_decode
+            qo, ko = torch.empty_like(q), torch.empty_like(k)
+            out["root_rows"] = lambda: fn(q, k, None, None, None, qo, ko, rows=rows)
     elif family == "silu_mul":
         inter = workload["intermediate"]
         a, b = rnd(T, inter), rnd(T, inter)
@@ -332,6 +341,33 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int) -> dict:
         ids = torch.randint(0, V, (T,), generator=g).to(DEVICE)
         out["torch"] = lambda: F.embedding(ids, w)
     return out
+
+
+def rope_rows(impl, fam_mod, workload, pos):
+    cos, sin = fam_mod.rope_table(int(pos.max()) + 1, workload["head_dim"], workload["theta"], workload.get("scaling"),
+                                  DEVICE)
+    return getattr(impl, "gather_rows", fam_mod.gathered)(cos, sin, pos)
+
+
+def rope_rows_bitwise(impl, fam_mod, workload) -> bool:
+    """The timed entry point with pre-gathered rows gives the table path's bits (bf16 and fp32) on the workload."""
+    full = workload["phase"] == "full"
+    T = workload["tokens"] if full else workload["batch"]
+    hq, hk, d = workload["q_heads"], workload["kv_heads"], workload["head_dim"]
+    g = checks.generator(7)
+    pos = torch.randint(0, workload["seq_len" if full else "context"], (T,), generator=g).to(DEVICE)
+    cos, sin = fam_mod.rope_table(int(pos.max()) + 1, d, workload["theta"], workload.get("scaling"), DEVICE)
+    q, k = checks.randn((T, hq, d), g, torch.bfloat16, DEVICE), checks.randn((T, hk, d), g, torch.bfloat16, DEVICE)
+    fn = impl.rope_full if full else impl.rope_decode
+    outs = []
+    for kw in ({"cos": cos, "sin": sin, "positions": pos}, {"cos": None, "sin": None, "positions": None,
+                                                            "rows": rope_rows(impl, fam_mod, workload, pos)}):
+        o = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(q, dtype=torch.float32),
+             torch.empty_like(k, dtype=torch.float32))
+        checks.poison(*o)
+        fn(q, k, q_out=o[0], k_out=o[1], q32=o[2], k32=o[3], **kw)
+        outs.append(o)
+    return all(checks.bitwise("rows", a, b).passed for a, b in zip(*outs))
 
 
 # ---------------------------------------------------------------- run
@@ -374,8 +410,10 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
             if not row["verify_passed"]:
                 row["verify_failed"] = [c.to_dict() for c in vchecks if not c.passed]
             del b
-            for name, fn in peers(family, w, liger, fam_mod).items():
-                if late and name != "torch":
+            if family == "rope" and fam_mod.takes_rows(impl):
+                row["rows_bitwise"] = rope_rows_bitwise(impl, fam_mod, w)
+            for name, fn in peers(family, w, liger, fam_mod, impl).items():
+                if late and name not in ("torch", "root_rows"):  # ours is always timed
                     row[f"{name}_skipped"] = "time budget"
                     continue
                 try:
@@ -447,6 +485,11 @@ def print_table(result: dict) -> None:
             print(f"{fam:<12}{w['workload']:<28}{w['root_us']:9.1f}{100 * w['root_GBps'] / cp:6.0f}"
                   f"{f('torch_us')}{f('compile_us')}{f('liger_us')}{xe:8.2f}{xl:8.2f} "
                   f"{'Y' if w.get('verify_passed') else 'N'}")
+            if "root_rows_us" in w:  # the same kernel handed pre-gathered cos/sin rows (as Liger is)
+                xe = w["torch_us"] / w["root_rows_us"] if "torch_us" in w else float("nan")
+                xl = w["liger_us"] / w["root_rows_us"] if "liger_us" in w else float("nan")
+                print(f"{'':<12}{'  + pre-gathered rows':<28}{w['root_rows_us']:9.1f}{'-':>6}{'':>24}{xe:8.2f}"
+                      f"{xl:8.2f} {'Y' if w.get('rows_bitwise') else 'N'}")
         print(f"{'':<12}bitwise/reference checks on {DEVICE}: {cons['checks'] - len(cons['failed'])}/{cons['checks']} "
               f"passed ({r['consistency_s']} s)")
 

@@ -46,10 +46,27 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.
 
 def inv_freq_kwargs(fn, inv: torch.Tensor) -> dict[str, torch.Tensor]:
     """``{"inv_freq": inv}`` when the entry point takes it (candidates older than the knob COS_SIN do not)."""
+    return {"inv_freq": inv} if takes(fn, "inv_freq") else {}
+
+
+def takes(fn, arg: str) -> bool:
     try:
-        return {"inv_freq": inv} if "inv_freq" in inspect.signature(fn).parameters else {}
+        return arg in inspect.signature(fn).parameters
     except (TypeError, ValueError):
-        return {}
+        return False
+
+
+def takes_rows(impl: ModuleType) -> bool:
+    """Whether every entry point takes pre-gathered ``rows`` (not with COS_SIN="sincos", which refuses them; read
+    from each entry point's own module, as a test's hybrid candidate mixes two)."""
+    fns = [getattr(impl, ep, None) for ep in RoPEFamily.entry_points]
+    return all(takes(fn, "rows") and getattr(fn, "__globals__", {}).get("KNOBS", {}).get("COS_SIN") != "sincos"
+               for fn in fns)
+
+
+def gathered(cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The harness's own copy of each token's table rows (not the candidate's gather_rows)."""
+    return cos[pos.long()].contiguous(), sin[pos.long()].contiguous()
 
 
 def packed_positions(lengths: list[int], start: int = 0) -> torch.Tensor:
@@ -171,6 +188,9 @@ class RoPEFamily(Family):
             rq, rk = _reference_backward(q, k, gq, gk, cos, sin, pos)
             out += [checks.reference(f"backward dq vs fp64 autograd {tag}", bq, rq),
                     checks.reference(f"backward dk vs fp64 autograd {tag}", bk, rk)]
+        if takes_rows(impl):
+            out += _rows_checks(impl, tag, q, k, cos, sin, pos, p, last, (fq, fk, fq32, fk32), (dq, dk, dq32, dk32),
+                                (gq, gk, bq, bk) if hasattr(impl, "rope_backward") else None)
         return out
 
     def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
@@ -210,6 +230,30 @@ class RoPEFamily(Family):
 
         return Bench(run=run, verify=verify, bytes_moved=T * (tok_bytes + d * 4 + 4),
                      graph_friendly=not full or T * (hq + hk) * d < (1 << 20))
+
+
+def _rows_checks(impl, tag, q, k, cos, sin, pos, p, last, full_out, dec_out, backward) -> list[Check]:
+    """Pre-gathered rows (cos/sin/positions not passed) must give the table path's bits in every entry point: the
+    full and backward passes on the first sequence (p tokens: cheap under the interpreter), decode on every
+    sequence's last token."""
+    hq, d = q.shape[1:]
+    hk, n = k.shape[1], len(last)
+    names = ("q (bf16)", "k (bf16)", "q (fp32)", "k (fp32)")
+    got = _outputs(p, hq, hk, d, q.device)
+    impl.rope_full(q[:p].contiguous(), k[:p].contiguous(), None, None, None, *got, rows=gathered(cos, sin, pos[:p]))
+    out = [checks.bitwise(f"full rows == table {nm} {tag}", a, b[:p]) for nm, a, b in zip(names, got, full_out)]
+    got = _outputs(n, hq, hk, d, q.device)
+    li = last.to(q.device)
+    impl.rope_decode(q[li].contiguous(), k[li].contiguous(), None, None, None, *got, rows=gathered(cos, sin, pos[li]))
+    out += [checks.bitwise(f"decode rows == table {nm} {tag}", a, b) for nm, a, b in zip(names, got, dec_out)]
+    if backward is not None:
+        gq, gk, bq, bk = backward
+        rq, rk = torch.full_like(gq[:p], float("nan")), torch.full_like(gk[:p], float("nan"))
+        impl.rope_backward(gq[:p].contiguous(), gk[:p].contiguous(), None, None, None, rq, rk,
+                           rows=gathered(cos, sin, pos[:p]))
+        out += [checks.bitwise(f"backward rows == table dq {tag}", rq, bq[:p]),
+                checks.bitwise(f"backward rows == table dk {tag}", rk, bk[:p])]
+    return out
 
 
 def _reference_backward(q, k, gq, gk, cos, sin, pos):

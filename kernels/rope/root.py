@@ -12,6 +12,12 @@ angle), an fp64 Cody-Waite reduction by pi/2, fp32 polynomials; ~1-2 fp32 ulp fr
 removes the dependent position -> table load; both paths run the same helper, so they stay bitwise.
 LOAD_ORDER="early" issues every q and k load of a token before the table lookup (which must wait for the
 position) and before any store: one memory round trip instead of three.
+
+`rows=(cos_rows, sin_rows)` (fp32 [tokens, head_dim // 2], exactly cos[positions] and sin[positions]:
+`gather_rows`) hands every entry point its tokens' rows already gathered, as HF's `position_embeddings` are:
+a model gathers them once per forward or decode step and every layer reuses them, so the kernel drops the
+dependent position -> table load. The kernel reads row `tok` instead of row `positions[tok]` (a constexpr
+switch); the values and every operation after the load are the table path's, so are the bits.
 """
 
 import torch
@@ -114,20 +120,31 @@ def _cos_sin_of(pos, cos_ptr, sin_ptr, inv_ptr, cols, HALF,
 
 
 @triton.jit
+def _row_of(tok, pos_ptr, ROWS: tl.constexpr):
+    """The cos/sin row of token `tok`: its position's table row, or row `tok` of pre-gathered rows."""
+    if ROWS:
+        row = tok.to(tl.int64)
+    else:
+        row = tl.load(pos_ptr + tok).to(tl.int64)
+    return row
+
+
+@triton.jit
 def _rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, inv_ptr, qo_ptr, ko_ptr, q32_ptr, k32_ptr,
                  n_tokens, n_q_heads, n_k_heads, HALF,
                  TOKENS_PER_PROGRAM: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
                  BLOCK_HALF: tl.constexpr, ROUND_TABLE: tl.constexpr, INVERSE: tl.constexpr,
                  WRITE32: tl.constexpr, SINCOS: tl.constexpr, EARLY_LOADS: tl.constexpr,
-                 HEAD_SPLIT: tl.constexpr):
+                 HEAD_SPLIT: tl.constexpr, ROWS: tl.constexpr):
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_HALF)
     for i in range(TOKENS_PER_PROGRAM):
         tok = pid * TOKENS_PER_PROGRAM + i
         if tok < n_tokens:
             if EARLY_LOADS or HEAD_SPLIT > 1:
-                # Position first, then every q/k load (independent of it), then cos/sin, which wait on it.
-                pos = tl.load(pos_ptr + tok).to(tl.int64)
+                # Position first, then every q/k load (independent of it), then cos/sin, which wait on it
+                # (with pre-gathered rows the row is tok: nothing to wait on).
+                pos = _row_of(tok, pos_ptr, ROWS)
                 if HEAD_SPLIT > 1:
                     part = tl.program_id(1)
                     q_offs, q_mask = _head_tile(tok, n_q_heads, part * BLOCK_QH, HALF, BLOCK_QH, BLOCK_HALF)
@@ -143,19 +160,47 @@ def _rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, inv_ptr, qo_ptr, ko_pt
                 _store_heads(qo_ptr, q32_ptr, q_offs, q_mask, q1, q2, c, s, HALF, WRITE32)
                 _store_heads(ko_ptr, k32_ptr, k_offs, k_mask, k1, k2, c, s, HALF, WRITE32)
             else:
-                pos = tl.load(pos_ptr + tok).to(tl.int64)
+                pos = _row_of(tok, pos_ptr, ROWS)
                 c, s = _cos_sin_of(pos, cos_ptr, sin_ptr, inv_ptr, cols, HALF, SINCOS, ROUND_TABLE, INVERSE)
                 _rope_heads(q_ptr, qo_ptr, q32_ptr, tok, n_q_heads, c, s, HALF, BLOCK_QH, BLOCK_HALF, WRITE32)
                 _rope_heads(k_ptr, ko_ptr, k32_ptr, tok, n_k_heads, c, s, HALF, BLOCK_KH, BLOCK_HALF, WRITE32)
 
 
-def _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, tokens_per_program, num_warps,
+def gather_rows(cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`rows` for the entry points: each token's cos/sin table row (an exact copy), gathered once per forward or
+    decode step and reused by every layer."""
+    return torch.index_select(cos, 0, positions), torch.index_select(sin, 0, positions)
+
+
+def _check_rows(rows, n_tokens: int, half: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if KNOBS["COS_SIN"] == "sincos":
+        raise ValueError("rows= (pre-gathered cos/sin rows) conflicts with COS_SIN='sincos', which computes cos/sin "
+                         "in the kernel from positions and inv_freq: pass one or the other")
+    if not isinstance(rows, (tuple, list)) or len(rows) != 2:
+        raise ValueError(f"rows must be (cos_rows, sin_rows), got {type(rows).__name__}")
+    for name, r in zip(("cos_rows", "sin_rows"), rows):
+        if not isinstance(r, torch.Tensor):
+            raise ValueError(f"rows: {name} must be a tensor, got {type(r).__name__}")
+        if r.dtype != torch.float32 or tuple(r.shape) != (n_tokens, half) or not r.is_contiguous():
+            raise ValueError(f"rows: {name} must be contiguous fp32 [tokens, head_dim // 2] = [{n_tokens}, {half}], "
+                             f"got {r.dtype} {list(r.shape)}{'' if r.is_contiguous() else ' (not contiguous)'}")
+        if r.device != device:
+            raise ValueError(f"rows: {name} is on {r.device}, q on {device}")
+    return rows[0], rows[1]
+
+
+def _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, rows, tokens_per_program, num_warps,
             num_stages, load_order, head_split, inverse=False):
     n_tokens, n_q_heads, head_dim = q.shape
     n_k_heads = k.shape[1]
     half = head_dim // 2
     write32 = q32 is not None
     sincos = KNOBS["COS_SIN"] == "sincos"
+    if rows is not None:  # the kernel reads row tok of these instead of row positions[tok] of the table
+        cos, sin = _check_rows(rows, n_tokens, half, q.device)
+        positions = cos  # not read
+    elif cos is None or sin is None or positions is None:
+        raise ValueError("cos, sin and positions are required unless rows= (pre-gathered cos/sin rows) is given")
     if sincos and (inv_freq is None or inv_freq.dtype != torch.float64 or inv_freq.numel() != half):
         raise ValueError("COS_SIN='sincos' needs inv_freq: fp64 [head_dim // 2] on the device")
     programs = triton.cdiv(n_tokens, tokens_per_program)
@@ -175,7 +220,7 @@ def _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, tokens_
         TOKENS_PER_PROGRAM=tokens_per_program, BLOCK_QH=block_qh, BLOCK_KH=block_kh,
         BLOCK_HALF=triton.next_power_of_2(half), ROUND_TABLE=KNOBS["ROUND_TABLE_TO_BF16"], INVERSE=inverse,
         WRITE32=write32, SINCOS=sincos, EARLY_LOADS=load_order == "early", HEAD_SPLIT=head_split,
-        num_warps=num_warps, num_stages=num_stages,
+        ROWS=rows is not None, num_warps=num_warps, num_stages=num_stages,
     )
 
 
@@ -183,29 +228,35 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
-def rope_full(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-              q_out: torch.Tensor, k_out: torch.Tensor, q32: torch.Tensor | None = None,
-              k32: torch.Tensor | None = None, inv_freq: torch.Tensor | None = None) -> None:
+def rope_full(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+              positions: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor, q32: torch.Tensor | None = None,
+              k32: torch.Tensor | None = None, inv_freq: torch.Tensor | None = None,
+              rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
     """All tokens of a packed batch: q [tokens, q_heads, head_dim], k [tokens, kv_heads, head_dim] (contiguous),
     positions [tokens] (each token's absolute position), cos/sin fp32 [max_position, head_dim // 2], inv_freq
-    the fp64 inverse frequencies [head_dim // 2] the table was built from (read only with COS_SIN="sincos")."""
-    _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, KNOBS["FULL_TOKENS_PER_PROGRAM"],
+    the fp64 inverse frequencies [head_dim // 2] the table was built from (read only with COS_SIN="sincos").
+    rows: `gather_rows(cos, sin, positions)`, gathered once for all layers; cos, sin, positions are then not
+    read (may be None) and the bits are the table path's."""
+    _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, rows, KNOBS["FULL_TOKENS_PER_PROGRAM"],
             KNOBS["FULL_NUM_WARPS"], KNOBS["FULL_NUM_STAGES"], KNOBS["FULL_LOAD_ORDER"], KNOBS["FULL_HEAD_SPLIT"])
 
 
-def rope_decode(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                q_out: torch.Tensor, k_out: torch.Tensor, q32: torch.Tensor | None = None,
-                k32: torch.Tensor | None = None, inv_freq: torch.Tensor | None = None) -> None:
-    """One token per sequence: q [batch, q_heads, head_dim], positions [batch]; same numerics as rope_full."""
-    _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, KNOBS["DECODE_TOKENS_PER_PROGRAM"],
+def rope_decode(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                positions: torch.Tensor | None, q_out: torch.Tensor, k_out: torch.Tensor,
+                q32: torch.Tensor | None = None, k32: torch.Tensor | None = None,
+                inv_freq: torch.Tensor | None = None, rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """One token per sequence: q [batch, q_heads, head_dim], positions [batch] (rows [batch, head_dim // 2]);
+    same numerics as rope_full."""
+    _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, rows, KNOBS["DECODE_TOKENS_PER_PROGRAM"],
             KNOBS["DECODE_NUM_WARPS"], KNOBS["DECODE_NUM_STAGES"], KNOBS["DECODE_LOAD_ORDER"],
             KNOBS["DECODE_HEAD_SPLIT"])
 
 
-def rope_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  positions: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
-                  inv_freq: torch.Tensor | None = None) -> None:
-    """Gradients w.r.t. the un-rotated q and k: the inverse rotation of the incoming gradients."""
-    _launch(grad_q, grad_k, cos, sin, positions, dq, dk, None, None, inv_freq, KNOBS["FULL_TOKENS_PER_PROGRAM"],
+def rope_backward(grad_q: torch.Tensor, grad_k: torch.Tensor, cos: torch.Tensor | None, sin: torch.Tensor | None,
+                  positions: torch.Tensor | None, dq: torch.Tensor, dk: torch.Tensor,
+                  inv_freq: torch.Tensor | None = None, rows: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+    """Gradients w.r.t. the un-rotated q and k: the inverse rotation of the incoming gradients (rows as in
+    rope_full: the forward's rows serve the backward too)."""
+    _launch(grad_q, grad_k, cos, sin, positions, dq, dk, None, None, inv_freq, rows, KNOBS["FULL_TOKENS_PER_PROGRAM"],
             KNOBS["FULL_NUM_WARPS"], KNOBS["FULL_NUM_STAGES"], KNOBS["FULL_LOAD_ORDER"], KNOBS["FULL_HEAD_SPLIT"],
             inverse=True)

@@ -108,3 +108,120 @@ def test_auto_head_split_follows_the_sm_count(monkeypatch):
     monkeypatch.setattr(mod, "_rope_kernel", Spy())
     assert R.failures(FAM, mod) == []
     assert 4 in seen and 1 in seen, seen  # small decode batches split 4 ways; the full path (knob 1) does not
+
+
+# -- pre-gathered rows (rows=(cos_rows, sin_rows)): the table path's bits without the position -> table load --------
+def _bits(t):
+    import torch
+
+    return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+
+def _rows_vs_table(impl, n_tokens, hq=3, hk=2, d=64, start=5):
+    """(table outputs, rows outputs) of rope_full, rope_decode and rope_backward on n_tokens tokens."""
+    import torch
+
+    from kernels.rope.family import rope_table
+
+    g = torch.Generator().manual_seed(n_tokens)
+    pos = torch.randperm(n_tokens + 40, generator=g)[:n_tokens].to(torch.int32) + start  # scattered positions
+    cos, sin = rope_table(start + n_tokens + 40, d, 1e4, None, "cpu")
+    q = (torch.randn(n_tokens, hq, d, generator=g) * 3).bfloat16()
+    k = (torch.randn(n_tokens, hk, d, generator=g) * 3).bfloat16()
+    rows = impl.gather_rows(cos, sin, pos)
+    res = []
+    for args, kw in (((cos, sin, pos), {}), ((None, None, None), {"rows": rows})):
+        outs = []
+        for fn in (impl.rope_full, impl.rope_decode):
+            o = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")),
+                 torch.full(q.shape, float("nan")), torch.full(k.shape, float("nan")))
+            fn(q, k, *args, *o, **kw)
+            outs += o
+        o = (torch.full_like(q, float("nan")), torch.full_like(k, float("nan")))
+        impl.rope_backward(q, k, *args, *o, **kw)
+        res.append(outs + list(o))
+    return res
+
+
+@pytest.mark.parametrize("n, knobs", [  # token counts that are not multiples of any tokens-per-program or split
+    (13, {}),  # the root: early loads, decode head split auto (1 program per token on the CPU)
+    (7, {"ROUND_TABLE_TO_BF16": True, "FULL_TOKENS_PER_PROGRAM": 4, "DECODE_TOKENS_PER_PROGRAM": 2}),
+    (7, {"DECODE_HEAD_SPLIT": 2, "FULL_HEAD_SPLIT": 4, "FULL_LOAD_ORDER": "serial", "DECODE_LOAD_ORDER": "serial"}),
+    (11, {"ROUND_TABLE_TO_BF16": True, "DECODE_HEAD_SPLIT": 4, "DECODE_LOAD_ORDER": "serial",
+          "FULL_TOKENS_PER_PROGRAM": 8, "FULL_HEAD_SPLIT": 2}),
+])
+def test_rows_give_the_table_paths_bits(n, knobs):
+    import torch
+
+    table, rows = _rows_vs_table(R.load_with_knobs(FAM, **knobs), n)
+    for a, b in zip(table, rows):  # full (4 outputs), decode (4), backward (2)
+        assert torch.isfinite(a.float()).all() and torch.equal(_bits(a), _bits(b))
+    for a, b in zip(rows[:4], rows[4:8]):  # and the paths' contract holds with rows: decode == full
+        assert torch.equal(_bits(a), _bits(b))
+
+
+def test_rows_are_rounded_like_the_table():
+    # ROUND_TABLE_TO_BF16 applies to gathered rows: on, rows give the rounded table's bits, not the fp32 ones.
+    import torch
+
+    plain, rounded = R.load_with_knobs(FAM), R.load_with_knobs(FAM, ROUND_TABLE_TO_BF16=True)
+    _, rows_plain = _rows_vs_table(plain, 5)
+    table_rounded, rows_rounded = _rows_vs_table(rounded, 5)
+    assert torch.equal(_bits(rows_rounded[2]), _bits(table_rounded[2]))
+    assert not torch.equal(_bits(rows_rounded[2]), _bits(rows_plain[2]))
+
+
+def test_gather_rows_is_an_exact_copy():
+    import torch
+
+    from kernels.rope.family import rope_table
+
+    impl = R.load_with_knobs(FAM)
+    cos, sin = rope_table(50, 64, 1e6, None, "cpu")
+    for dtype in (torch.int32, torch.int64):
+        pos = torch.tensor([49, 0, 7, 7, 31], dtype=dtype)
+        c, s = impl.gather_rows(cos, sin, pos)
+        assert c.dtype == torch.float32 and c.is_contiguous() and torch.equal(c, cos[pos.long()])
+        assert torch.equal(s, sin[pos.long()])
+
+
+def test_rows_errors_name_the_argument_and_value():
+    import torch
+
+    impl = R.load_with_knobs(FAM)
+    q, k = torch.ones(3, 2, 64, dtype=torch.bfloat16), torch.ones(3, 1, 64, dtype=torch.bfloat16)
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    good = torch.zeros(3, 32)
+
+    def call(rows, fn=impl.rope_full):
+        fn(q, k, None, None, None, qo, ko, rows=rows)
+
+    with pytest.raises(ValueError, match=r"cos_rows must be contiguous fp32 .*\[3, 32\], got torch.float64 \[3, 32\]"):
+        call((good.double(), good))
+    with pytest.raises(ValueError, match=r"sin_rows .* got torch.float32 \[4, 32\]"):
+        call((good, torch.zeros(4, 32)), impl.rope_decode)
+    with pytest.raises(ValueError, match=r"sin_rows .*\[3, 64\]"):  # a full-width (HF layout) row is refused
+        call((good, torch.zeros(3, 64)))
+    with pytest.raises(ValueError, match=r"cos_rows .*not contiguous"):
+        call((torch.zeros(32, 3).t(), good))
+    with pytest.raises(ValueError, match=r"rows must be \(cos_rows, sin_rows\), got Tensor"):
+        call(good)
+    with pytest.raises(ValueError, match=r"cos_rows must be a tensor, got NoneType"):
+        call((None, good))
+    with pytest.raises(ValueError, match="unless rows="):  # neither a table nor rows
+        impl.rope_backward(q, k, None, None, None, qo, ko)
+    sincos = R.load_with_knobs(FAM, COS_SIN="sincos")
+    with pytest.raises(ValueError, match="rows=.*conflicts with COS_SIN='sincos'"):
+        sincos.rope_decode(q, k, None, None, None, qo, ko, rows=(good, good))
+
+
+def test_harness_checks_rows_and_catches_a_wrong_row():
+    from kernels.rope.family import takes_rows
+
+    load, failures = R.loader(FAM)
+    assert takes_rows(load()) and not takes_rows(load(COS_SIN="sincos"))
+    names = [c.name for c in FAM.run_checks(load(), FAM.check_cases("small")[0], 0, "cpu")]
+    assert sum("rows == table" in n for n in names) == 10, names
+    bad = failures(load("rows_wrong_row", lambda s: s.replace("row = tok.to(tl.int64)", "row = tok.to(tl.int64) // 2")),
+                   level="small")
+    assert bad and all("rows == table" in name and kind == "consistency" for name, kind, _ in bad), bad
