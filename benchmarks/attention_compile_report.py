@@ -67,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
                          "element_bitwidth=16, rank=3, transposed=False, fp4_padded=False, cga_layout=[])>")
     ws_sig = {"q_desc": desc(64), "k_desc": desc(kn["BLOCK_N"]), "v_desc": desc(kn["BLOCK_N"]), "O": "*bf16",
               "O32": "*bf16", "S": "i32", "qk_scale": "fp32", "BH": "i32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+    cons, q_tiles, acc_smem, slots = mod._ws_plan(kn["BLOCK_N"], args.head_dim, kn["SPLIT_TOKENS"])
+    cons_regs, loader_regs, maxnreg = mod.WS_REGS[cons]
     prefill_ws = compile_sm90(mod._ws_prefill_kernel, ws_sig, {
-        "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": mod._ws_buffers(kn["BLOCK_N"], args.head_dim),
-        "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap", "PERSISTENT": kn["FULL_WS_PERSISTENT"] != "off", "WRITE32": False},
-        4, 1, ALIGNED, maxnreg=168)
+        "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": slots,
+        "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap", "PERSISTENT": kn["FULL_WS_PERSISTENT"] != "off",
+        "WRITE32": False, "CONS": cons, "Q_TILES": q_tiles, "ACC_SMEM": acc_smem, "CONS_REGS": cons_regs,
+        "LOADER_REGS": loader_regs}, 4, 1, ALIGNED, maxnreg=maxnreg)
     print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode,
                       "merge": merge, "prefill_ws": prefill_ws}, indent=1))
     return 0

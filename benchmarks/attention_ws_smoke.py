@@ -1,6 +1,7 @@
 """Quick GPU smoke of the Gluon prefill (FULL_IMPL) against the Triton one, bits compared, on whole-block and
-ragged lengths, then the fused decode merge against the merge launch; run before long benchmarks so that a hang
-costs seconds, not the whole call: python3 benchmarks/attention_ws_smoke.py"""
+ragged lengths (two and three consumer warpgroups, splits 1024 and 512), then the fused decode merge against the
+merge launch; run before long benchmarks so that a hang costs seconds, not the whole call:
+python3 benchmarks/attention_ws_smoke.py"""
 import sys
 
 import torch
@@ -15,25 +16,30 @@ def diff(a, b, view):
 
 
 r.KNOBS.update({"FULL_SPLIT_LOOP": "flatten"})
-for S, D, HQ, HKV in ((1984, 128, 32, 8), (1088, 64, 8, 8), (4096, 128, 32, 8), (192, 128, 4, 1),
-                      (2076, 128, 32, 8), (1070, 128, 4, 4), (4113, 64, 8, 2), (77, 128, 4, 1)):
-    q = torch.randn(2, HQ, S, D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(2, HKV, S, D, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(2, HKV, S, D, device="cuda", dtype=torch.bfloat16)
-    outs = {}
-    for impl, sched, pers in (("triton", "overlap", "off"), ("gluon_ws", "overlap", "off"),
-                              ("gluon_ws", "serial", "off"), ("gluon_ws", "overlap", "snake"),
-                              ("gluon_ws", "serial", "snake")):
-        r.KNOBS.update({"FULL_IMPL": impl, "FULL_WS_SCHEDULE": sched, "FULL_WS_PERSISTENT": pers})
-        o = torch.empty_like(q)
-        o32 = torch.empty(q.shape, device="cuda", dtype=torch.float32)
-        used = r._ws_prefill(q, k, v, 0.1, o, o32) if impl != "triton" else r.prefill(q, k, v, 0.1, o, o32)
-        torch.cuda.synchronize()
-        outs[(impl, sched, pers)] = (o, o32, used)
-    ref = outs[("triton", "overlap", "off")]
-    for key, (o, o32, used) in outs.items():
-        print(S, D, key, "ws ran" if used else "", "bf16 diff", diff(o, ref[0], torch.int16),
-              "fp32 diff", diff(o32, ref[1], torch.int32), flush=True)
+CONFIGS = (("triton", "overlap", "off", 2), ("gluon_ws", "overlap", "off", 2), ("gluon_ws", "serial", "off", 2),
+           ("gluon_ws", "overlap", "snake", 2), ("gluon_ws", "serial", "snake", 2), ("gluon_ws", "overlap", "off", 3),
+           ("gluon_ws", "serial", "off", 3), ("gluon_ws", "overlap", "snake", 3))
+for split in (1024, 512):
+    r.KNOBS["SPLIT_TOKENS"] = split
+    for S, D, HQ, HKV in ((1984, 128, 32, 8), (1088, 64, 8, 8), (4096, 128, 32, 8), (192, 128, 4, 1),
+                          (2076, 128, 32, 8), (1070, 128, 4, 4), (4113, 64, 8, 2), (77, 128, 4, 1)):
+        q = torch.randn(2, HQ, S, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(2, HKV, S, D, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(2, HKV, S, D, device="cuda", dtype=torch.bfloat16)
+        outs = {}
+        for impl, sched, pers, cons in CONFIGS:
+            r.KNOBS.update({"FULL_IMPL": impl, "FULL_WS_SCHEDULE": sched, "FULL_WS_PERSISTENT": pers,
+                            "FULL_WS_CONSUMERS": cons})
+            o = torch.empty_like(q)
+            o32 = torch.empty(q.shape, device="cuda", dtype=torch.float32)
+            used = r._ws_prefill(q, k, v, 0.1, o, o32) if impl != "triton" else r.prefill(q, k, v, 0.1, o, o32)
+            torch.cuda.synchronize()
+            outs[(impl, sched, pers, cons)] = (o, o32, used)
+        ref = outs[CONFIGS[0]]
+        for key, (o, o32, used) in outs.items():
+            print(f"split {split}", S, D, key, "ws ran" if used else "", "bf16 diff", diff(o, ref[0], torch.int16),
+                  "fp32 diff", diff(o32, ref[1], torch.int32), flush=True)
+r.KNOBS.update({"SPLIT_TOKENS": 1024, "FULL_WS_CONSUMERS": 2})
 
 # Ragged lengths, timed: the Gluon kernel (overlapped, 4 slots, persistent by the auto rule) against Triton.
 r.KNOBS.update({"FULL_KV_LOADS": "auto", "FULL_PERSISTENT": "auto", "FULL_WS_SCHEDULE": "overlap",
@@ -44,11 +50,13 @@ for B, S in ((1, 16000), (4, 4077), (16, 1000)):
     v = torch.randn(B, 8, S, 128, device="cuda", dtype=torch.bfloat16)
     o = torch.empty_like(q)
     ms = {}
-    for impl in ("triton", "gluon_ws"):
-        r.KNOBS["FULL_IMPL"] = impl
-        ms[impl] = triton.testing.do_bench(lambda q=q, k=k, v=v, o=o: r.prefill(q, k, v, 0.088, o), warmup=50,
-                                           rep=300)
-    print(f"ragged prefill B{B} S{S} ms: triton {ms['triton']:.4f} gluon {ms['gluon_ws']:.4f}", flush=True)
+    for impl, cons in (("triton", 2), ("gluon_ws", 2), ("gluon_ws", 3), ("gluon_ws", 2), ("gluon_ws", 3)):
+        r.KNOBS.update({"FULL_IMPL": impl, "FULL_WS_CONSUMERS": cons})
+        ms.setdefault(f"{impl}{cons}", []).append(triton.testing.do_bench(
+            lambda q=q, k=k, v=v, o=o: r.prefill(q, k, v, 0.088, o), warmup=50, rep=300))
+    print(f"ragged prefill B{B} S{S} ms: " + ", ".join(f"{k} {' / '.join(f'{x:.4f}' for x in v)}"
+                                                       for k, v in ms.items()), flush=True)
+r.KNOBS["FULL_WS_CONSUMERS"] = 2
 
 # The fused decode merge (the last chunk program folds) against the PDL merge launch: bits, mixed lengths.
 r.KNOBS.update({"DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1})

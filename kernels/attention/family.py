@@ -86,6 +86,10 @@ class AttentionFamily(Family):
              "Gluon prefill: one program per tile, or one per SM walking snake-dealt tiles, its loader fetching "
              "the next tile's query and first K/V blocks while the warpgroups finish this one; auto: snake for "
              "launches of at most 32 waves of tiles"),
+        Knob("FULL_WS_CONSUMERS", (2, 3), "full",
+             "Gluon prefill: consumer warpgroups per tile (64 query rows each: 128- or 192-row tiles). Three "
+             "keep the merged split-KV accumulator in shared memory (registers allow about 160 a thread) and, at "
+             "head dim 128, hold one query tile instead of two"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "
@@ -147,7 +151,8 @@ class AttentionFamily(Family):
                             "shapes, block order and per-block arithmetic unchanged so decode still agrees",
                             paths=("full",),
                             knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT", "FULL_IMPL",
-                                   "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT")),
+                                   "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT",
+                                   "FULL_WS_CONSUMERS")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -51,6 +51,7 @@ KNOBS = {
     "FULL_WS_SCHEDULE": "overlap",
     "FULL_WS_BUFFERS": 4,
     "FULL_WS_PERSISTENT": "off",
+    "FULL_WS_CONSUMERS": 2,
 }
 
 LOG2E = 1.4426950408889634
@@ -493,14 +494,15 @@ WS_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 WS_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 WS_LOWER = gl.constexpr(0)
 WS_UPPER = gl.constexpr(1)
+WS_TOP = gl.constexpr(2)  # the third consumer (FULL_WS_CONSUMERS=3)
 
 
 @gluon.jit
-def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr):
-    """This program's i-th tile: (first row, batch * head, flat KV head, end of its keys). One tile per program in
-    launch order (a head's row blocks, longest first), or as one program per SM the row-block-major tiles dealt
-    like `_prefill_kernel`'s snake: long and short tiles pair."""
-    n_m = gl.cdiv(S, 2 * WS_ROWS)
+def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr, CONS: gl.constexpr):
+    """This program's i-th tile of CONS * 64 rows: (first row, batch * head, flat KV head, end of its keys). One
+    tile per program in launch order (a head's row blocks, longest first), or as one program per SM the
+    row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair."""
+    n_m = gl.cdiv(S, CONS * WS_ROWS)
     if PERSISTENT:
         p = gl.program_id(0)
         n_prog = gl.num_programs(0)
@@ -510,17 +512,17 @@ def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr):
     else:
         pid_m = n_m - 1 - gl.program_id(0) % n_m
         bh = gl.program_id(0) // n_m
-    tile_start = pid_m * 2 * WS_ROWS
-    return tile_start, bh, bh // HQ * HKV + bh % HQ // GROUP, gl.minimum(tile_start + 2 * WS_ROWS, S)
+    tile_start = pid_m * CONS * WS_ROWS
+    return tile_start, bh, bh // HQ * HKV + bh % HQ // GROUP, gl.minimum(tile_start + CONS * WS_ROWS, S)
 
 
 @gluon.jit
-def _ws_n_tiles(S, BH, PERSISTENT: gl.constexpr):
+def _ws_n_tiles(S, BH, PERSISTENT: gl.constexpr, CONS: gl.constexpr):
     """Tiles this program walks (the last snake round may leave some programs without one)."""
     if PERSISTENT:
         p = gl.program_id(0)
         n_prog = gl.num_programs(0)
-        n_tiles = gl.cdiv(S, 2 * WS_ROWS) * BH
+        n_tiles = gl.cdiv(S, CONS * WS_ROWS) * BH
         rounds = gl.cdiv(n_tiles, n_prog)
         last = (rounds - 1) * n_prog + gl.where((rounds - 1) % 2 == 0, p, n_prog - 1 - p)
         return gl.where(last < n_tiles, rounds, rounds - 1)
@@ -530,18 +532,21 @@ def _ws_n_tiles(S, BH, PERSISTENT: gl.constexpr):
 
 @gluon.jit
 def _ws_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
-               S, BH, HQ, HKV, GROUP, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, PERSISTENT: gl.constexpr):
-    """One warp: per tile, both query halves into one of two Q slots, then K and V of every block into the
-    slot ring (which runs on across tiles, so the next tile's first blocks load during this one's last)."""
+               S, BH, HQ, HKV, GROUP, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, PERSISTENT: gl.constexpr,
+               CONS: gl.constexpr, Q_TILES: gl.constexpr):
+    """One warp: per tile, every consumer's query rows into one of Q_TILES tile slots, then K and V of every
+    block into the slot ring (which runs on across tiles, so the next tile's first blocks load during this
+    one's last)."""
     g = 0  # blocks loaded so far: ring slot and phase
-    for i in range(_ws_n_tiles(S, BH, PERSISTENT)):
-        tile_start, bh, kv_head, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT)
+    for i in range(_ws_n_tiles(S, BH, PERSISTENT, CONS)):
+        tile_start, bh, kv_head, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT, CONS)
+        qt = i % Q_TILES
         # A fresh mbarrier counts as having completed the phase before 0, so the first round passes at once.
-        mbarrier.wait(q_empty.index(i % 2), ((i // 2) & 1) ^ 1)
-        mbarrier.expect(q_ready.index(i % 2), 2 * q_desc.block_type.nbytes)  # rows past S count as loaded zeros
-        for h in gl.static_range(2):
-            gtma.async_copy_global_to_shared(q_desc, [bh, tile_start + h * WS_ROWS, 0], q_ready.index(i % 2),
-                                             _ws_box(q_bufs.index(2 * (i % 2) + h), q_desc))
+        mbarrier.wait(q_empty.index(qt), ((i // Q_TILES) & 1) ^ 1)
+        mbarrier.expect(q_ready.index(qt), CONS * q_desc.block_type.nbytes)  # rows past S count as loaded zeros
+        for h in gl.static_range(CONS):
+            gtma.async_copy_global_to_shared(q_desc, [bh, tile_start + h * WS_ROWS, 0], q_ready.index(qt),
+                                             _ws_box(q_bufs.index(CONS * qt + h), q_desc))
         for j in range(gl.cdiv(hi, BLOCK_N)):
             slot = g % NUM_BUF
             mbarrier.wait(empty.index(slot), ((g // NUM_BUF) & 1) ^ 1)
@@ -625,31 +630,48 @@ def _ws_pv_done(acc_tok, v_smem, p16, empty, g, j, NUM_BUF: gl.constexpr):
 
 
 @gluon.jit
-def _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW: gl.constexpr):
+def _ws_fold(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW: gl.constexpr, ACC_SMEM: gl.constexpr):
+    """`_ws_merge` into the running state, whose accumulator `acc` is registers or (ACC_SMEM) a shared-memory
+    slot: loaded, merged and stored back by the same threads (an fp32 round trip changes no bit)."""
+    if ACC_SMEM:
+        m_i, l_i, merged = _ws_merge(m_i, l_i, acc.load(c_acc.type.layout), c_m, c_l, c_acc, qk_scale, O_ROW)
+        acc.store(merged)
+    else:
+        m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW: gl.constexpr, ACC_SMEM: gl.constexpr):
     """Fold the chunk state into the running state and start an empty chunk."""
-    m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+    m_i, l_i, acc = _ws_fold(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW, ACC_SMEM)
     return m_i, l_i, acc, gl.zeros_like(c_acc), gl.full_like(c_m, float("-inf")), gl.zeros_like(c_l)
 
 
 @gluon.jit
-def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g, rows, n_blocks, unmasked, qk_scale,
+def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, g, rows, n_blocks, unmasked, qk_scale,
              ROWS_LAYOUT: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
-             NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr):
+             NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, ACC_SMEM: gl.constexpr):
     """This warpgroup's rows over blocks 0 .. n_blocks - 1 (blocks from `unmasked` masked; block j sits in ring
-    slot g + j): (m, l, acc).
+    slot g + j): (m, l, acc), acc in registers, or with ACC_SMEM in `acc_smem` (then returned as that slot).
 
     OVERLAP issues block j + 1's QK^T before block j's PV, so the softmax of j + 1 runs while the tensor cores do
-    PV j; the operations per block and their order per row are the same either way."""
+    PV j; the operations per block and their order per row are the same either way. ACC_SMEM keeps the merged
+    accumulator, which only the chunk folds touch, out of registers: 64 registers a thread fewer in the loop."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_N, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     O_ROW: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
-    acc = gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT)
+    if ACC_SMEM:
+        acc = acc_smem
+        acc.store(gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT))
+    else:
+        acc = gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT)
     m_i = gl.full([WS_ROWS], float("-inf"), gl.float32, ROWS_LAYOUT)
     l_i = gl.zeros([WS_ROWS], gl.float32, ROWS_LAYOUT)
-    c_acc = gl.zeros_like(acc)
+    c_acc = gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT)
     c_m = gl.full_like(m_i, float("-inf"))
     c_l = gl.zeros_like(l_i)
     s = gl.zeros([WS_ROWS, BLOCK_N], gl.float32, S_LAYOUT)
@@ -668,7 +690,7 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g, rows, n_blocks,
             c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
             mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
             if ends:  # fold the chunk; block j + 1 already started from a fresh m and l
-                m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+                m_i, l_i, acc = _ws_fold(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW, ACC_SMEM)
                 c_acc = gl.zeros_like(c_acc)
             p16, c_m, c_l = p16_n, m_n, l_n
         last = n_blocks - 1
@@ -676,7 +698,7 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g, rows, n_blocks,
         c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
         mbarrier.arrive(empty.index((g + last) % NUM_BUF), count=1)
         if _ws_chunk_ends(last, BLOCK_N, SPLIT):
-            m_i, l_i, acc = _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+            m_i, l_i, acc = _ws_fold(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW, ACC_SMEM)
             c_acc = gl.zeros_like(c_acc)
             c_m = gl.full_like(c_m, float("-inf"))
             c_l = gl.zeros_like(c_l)
@@ -689,17 +711,19 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g, rows, n_blocks,
             acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
             c_acc = _ws_pv_done(acc_tok, v_smem, p16, empty, g, j, NUM_BUF)
             if _ws_chunk_ends(j, BLOCK_N, SPLIT):
-                m_i, l_i, acc, c_acc, c_m, c_l = _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)
+                m_i, l_i, acc, c_acc, c_m, c_l = _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW,
+                                                                 ACC_SMEM)
     if SPLIT == 0:
         return c_m, c_l, c_acc  # one chunk, never merged (as `_chunk` alone)
-    else:
-        return _ws_merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW)  # the open chunk (identity if empty)
+    else:  # the open chunk (identity if empty)
+        return _ws_fold(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW, ACC_SMEM)
 
 
 @gluon.jit
-def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, S, BH, HQ, HKV, GROUP,
-                 qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
-                 NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr):
+def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc_smem, S, BH, HQ,
+                 HKV, GROUP, qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
+                 SPLIT: gl.constexpr, NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
+                 WRITE32: gl.constexpr, CONS: gl.constexpr, Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr):
     """One warpgroup, per tile: query rows tile_start + HALF * 64 + [0, 64) over their causal keys, stored."""
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
@@ -707,18 +731,20 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
                                                                        instr_shape=[16, BLOCK_N, 16]))
     O_ROW: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
     g = 0  # blocks consumed so far: ring slot and phase, as the loader counts them
-    for i in range(_ws_n_tiles(S, BH, PERSISTENT)):
-        tile_start, bh, _kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT)
+    for i in range(_ws_n_tiles(S, BH, PERSISTENT, CONS)):
+        tile_start, bh, _kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT, CONS)
         rows = tile_start + HALF * WS_ROWS + gl.arange(0, WS_ROWS, layout=S_ROW)
-        mbarrier.wait(q_ready.index(i % 2), (i // 2) & 1)
-        # The 128-row tile's blocks as `_prefill_tile` walks them: unmasked below its first row, masked from there
-        # to its last row or the sequence end (a mask a row sees in full changes no bit).
+        mbarrier.wait(q_ready.index(i % Q_TILES), (i // Q_TILES) & 1)
+        # The tile's blocks as `_prefill_tile` walks them: unmasked below its first row, masked from there to
+        # its last row or the sequence end (a mask a row sees in full changes no bit).
         n_blocks = gl.cdiv(hi, BLOCK_N)
-        m_i, l_i, acc = _ws_rows(q_bufs.index(2 * (i % 2) + HALF), k_bufs, v_bufs, k_ready, v_ready, empty, g, rows,
-                                 n_blocks, tile_start // BLOCK_N, qk_scale, S_ROW, HEAD_D, BLOCK_N, SPLIT,
-                                 NUM_BUF, OVERLAP)
-        mbarrier.arrive(q_empty.index(i % 2), count=1)  # every MMA reading this Q slot has completed
+        m_i, l_i, acc = _ws_rows(q_bufs.index(CONS * (i % Q_TILES) + HALF), k_bufs, v_bufs, k_ready, v_ready, empty,
+                                 acc_smem, g, rows, n_blocks, tile_start // BLOCK_N, qk_scale, S_ROW,
+                                 HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, ACC_SMEM)
+        mbarrier.arrive(q_empty.index(i % Q_TILES), count=1)  # every MMA reading this Q slot has completed
         g += n_blocks
+        if ACC_SMEM and SPLIT != 0:
+            acc = acc.load(O_LAYOUT)
         o = acc / gl.convert_layout(l_i, O_ROW)[:, None]
         r = HALF * WS_ROWS + gl.arange(0, WS_ROWS, layout=O_ROW)
         io = ((bh * S + tile_start).to(gl.int64) + r[:, None]) * HEAD_D + \
@@ -732,30 +758,60 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
 @gluon.jit
 def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV, GROUP,
                        HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
-                       OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr):
-    q_bufs = gl.allocate_shared_memory(gl.bfloat16, [4, WS_ROWS, HEAD_D], WS_SMEM)  # 2 tiles x 2 halves
+                       OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr, CONS: gl.constexpr,
+                       Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr, CONS_REGS: gl.constexpr,
+                       LOADER_REGS: gl.constexpr):
+    q_bufs = gl.allocate_shared_memory(gl.bfloat16, [Q_TILES * CONS, WS_ROWS, HEAD_D], WS_SMEM)
     k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
     v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
-    q_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    if ACC_SMEM:  # the merged accumulators, one per consumer; rows padded by 4 floats, so that a warp's 8
+        # accumulator rows (512 bytes apart unpadded) land on 8 different bank offsets
+        acc_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[HEAD_D, 4]], [WS_ROWS, HEAD_D], [1, 0])
+        acc0 = gl.allocate_shared_memory(gl.float32, [WS_ROWS, HEAD_D], acc_layout)
+        acc1 = gl.allocate_shared_memory(gl.float32, [WS_ROWS, HEAD_D], acc_layout)
+        acc2 = gl.allocate_shared_memory(gl.float32, [WS_ROWS, HEAD_D], acc_layout)
+    else:  # never read: no allocation (which keeps the 2-consumer kernel's SASS as measured)
+        acc0 = q_bufs
+        acc1 = q_bufs
+        acc2 = q_bufs
+    q_ready = gl.allocate_shared_memory(gl.int64, [Q_TILES, 1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [Q_TILES, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
+    for i in gl.static_range(Q_TILES):
         mbarrier.init(q_ready.index(i), count=1)
-        mbarrier.init(q_empty.index(i), count=2)  # both consumer warpgroups release a Q slot
+        mbarrier.init(q_empty.index(i), count=CONS)  # every consumer warpgroup releases a Q slot
     for i in gl.static_range(NUM_BUF):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)  # ... and a K/V slot
-    gl.warp_specialize([
-        (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, S, BH, HQ, HKV,
-                        GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT, WRITE32)),
-        (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, S, BH, HQ, HKV,
-                        GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT, WRITE32)),
-        (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
-                      S, BH, HQ, HKV, GROUP, BLOCK_N, NUM_BUF, PERSISTENT)),
-    ], [4, 1], [232, 40])
+        mbarrier.init(empty.index(i), count=CONS)  # ... and a K/V slot
+    # (written out per consumer: the JIT takes no tuples of functions or tuple concatenation)
+    if CONS == 3:
+        gl.warp_specialize([
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, S, BH,
+                            HQ, HKV, GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
+                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, S, BH,
+                            HQ, HKV, GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
+                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc2, S, BH,
+                            HQ, HKV, GROUP, qk_scale, WS_TOP, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
+                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
+            (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
+                          S, BH, HQ, HKV, GROUP, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
+        ], [4, 4, 1], [CONS_REGS, CONS_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, S, BH,
+                            HQ, HKV, GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
+                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, S, BH,
+                            HQ, HKV, GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
+                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
+            (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
+                          S, BH, HQ, HKV, GROUP, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
+        ], [4, 1], [CONS_REGS, LOADER_REGS])
 
 TMA_MIN_SEQ = 2048
 PERSISTENT_MAX_WAVES = 8
@@ -792,9 +848,25 @@ WS_SMEM_BYTES = 227 * 1024  # shared memory a Hopper block may use
 _WS_DESC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 
 
-def _ws_buffers(block_n: int, head_d: int) -> int:
-    """K/V slots of the Gluon prefill: FULL_WS_BUFFERS, fewer where they would not fit beside 4 query halves."""
-    return min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - 256 * head_d * 2 - 1024) // (2 * block_n * head_d * 2))
+# Registers a thread per partition: (consumer warpgroups, loader's warpgroup) and the launch's per-thread budget
+# (65,536 over 3 or 4 warpgroups; setmaxnreg moves them from the loader to the consumers).
+WS_REGS = {2: (232, 40, 168), 3: (160, 32, 128)}
+
+
+def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int]:
+    """Shared memory of the Gluon prefill: (consumer warpgroups, query tiles held, merged accumulators in shared
+    memory, K/V slots). Two query tiles let the loader fetch the next tile's during this one; with 3 consumers
+    (FULL_WS_CONSUMERS) the merged accumulators move to shared memory and, at head dim 128, only one fits beside
+    two K/V slots."""
+    cons = KNOBS["FULL_WS_CONSUMERS"]
+    acc_smem = cons == 3 and split != 0
+    fixed = (cons * 64 * (head_d + 4) * 4 if acc_smem else 0) + 1024  # padded rows; + barriers and alignment
+    per_slot = 2 * block_n * head_d * 2
+    for q_tiles in (2, 1):
+        slots = min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - q_tiles * cons * 64 * head_d * 2 - fixed) // per_slot)
+        if slots >= 2:
+            return cons, q_tiles, acc_smem, slots
+    raise ValueError(f"FULL_WS_CONSUMERS={cons} does not fit in shared memory at head dim {head_d}")
 
 
 def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
@@ -812,7 +884,8 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     descs = (TensorDescriptor(q, [B * HQ, S, D], [S * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT),
              TensorDescriptor(k, [B * HKV, S, D], [S * D, D, 1], [1, bn, D], _WS_DESC_LAYOUT),
              TensorDescriptor(v, [B * HKV, S, D], [S * D, D, 1], [1, bn, D], _WS_DESC_LAYOUT))
-    tiles = triton.cdiv(S, 128) * B * HQ
+    cons, q_tiles, acc_smem, slots = _ws_plan(bn, D, KNOBS["SPLIT_TOKENS"])
+    tiles = triton.cdiv(S, cons * 64) * B * HQ
     sms = _sm_count(q.device)
     persistent = KNOBS["FULL_WS_PERSISTENT"]
     # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
@@ -820,9 +893,10 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
     _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV,
-        HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=_ws_buffers(bn, D),
+        HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
-        num_warps=4, maxnreg=168)  # 3 warpgroups: 2 x 232 + 40 registers per thread
+        CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=WS_REGS[cons][0], LOADER_REGS=WS_REGS[cons][1],
+        num_warps=4, maxnreg=WS_REGS[cons][2])
     return True
 
 

@@ -402,6 +402,153 @@ def test_bench_grid_and_geomeans():
     assert g["prefill"]["root"] == pytest.approx(0.75) and g["prefill"]["root_cells"] == 1  # cuDNN is the peer
 
 
+def test_bench_graph_geomeans_beside_the_event_ones():
+    from kernels.attention.bench import geomeans
+
+    def row(cell, impl, ms, graph):  # graph: a graph time, or None for a failed capture
+        phase = cell.split()[0]
+        return {"phase": phase, "cell": cell, "impl": impl, "ms": ms,
+                **({"graph_error": "RuntimeError('capture')"} if graph is None else {"graph_ms": graph})}
+
+    rows = [row("prefill a", "sdpa_cudnn", 3.0, 2.0), row("prefill a", "root", 4.0, 2.0),  # event 0.75, graph 1
+            row("prefill b", "sdpa_cudnn", 1.0, 1.0), row("prefill b", "root", 1.0, 0.25),  # event 1, graph 4
+            row("prefill c", "sdpa_cudnn", 2.0, None), row("prefill c", "root", 2.0, 1.0),  # the peer's capture failed
+            row("prefill d", "sdpa_cudnn", 1.0, 1.0), row("prefill d", "root", 2.0, None),  # ours failed
+            row("prefill a", "nograph", 1.0, None), row("prefill b", "nograph", 1.0, None),
+            # an older file's rows (no graph fields): event geomeans only, no graph key, nothing counted
+            {"phase": "train_forward", "cell": "train_forward t", "impl": "sdpa_cudnn", "ms": 2.0},
+            {"phase": "train_forward", "cell": "train_forward t", "impl": "root", "ms": 1.0},
+            {"phase": "decode", "cell": "decode x", "impl": "sdpa", "us": 10.0},
+            {"phase": "decode", "cell": "decode x", "impl": "root", "us": 5.0}]
+    g = geomeans(rows)
+    assert set(g) == {"prefill", "prefill_graph", "train_forward", "decode"}
+    # The event geomeans are unchanged by the graph figures: all four cells, from "ms".
+    assert g["prefill"]["root"] == pytest.approx((0.75 * 1 * 1 * 0.5) ** 0.25) and g["prefill"]["root_cells"] == 4
+    assert "root_graph_errors" not in g["prefill"]
+    # The graph geomean: cells a and b only; c (peer) and d (ours) failed capture, excluded and counted.
+    assert g["prefill_graph"]["root"] == pytest.approx(2.0) and g["prefill_graph"]["root_cells"] == 2
+    assert g["prefill_graph"]["root_graph_errors"] == 2
+    assert "nograph" not in g["prefill_graph"] and g["prefill_graph"]["nograph_graph_errors"] == 2
+    assert g["prefill"]["nograph"] == pytest.approx(math.sqrt(3.0)) and g["prefill"]["nograph_cells"] == 2
+    assert g["train_forward"] == {"root": 2.0, "root_cells": 1}
+    assert g["decode"] == {"root": 2.0, "root_cells": 1}
+
+
+def test_bench_prints_graph_times_and_geomeans(capsys):
+    from kernels.attention.bench import geomeans, print_table
+
+    timings = [{"phase": "prefill", "cell": "prefill B1 S1024", "impl": "sdpa_cudnn", "ms": 0.05, "graph_ms": 0.036},
+               {"phase": "prefill", "cell": "prefill B1 S1024", "impl": "root", "ms": 0.055, "graph_ms": 0.04},
+               {"phase": "prefill", "cell": "prefill B1 S1024", "impl": "sync", "ms": 0.06, "graph_error": "x"},
+               {"phase": "decode", "cell": "decode B1 ctx8192", "impl": "sdpa", "us": 16.9},
+               {"phase": "decode", "cell": "decode B1 ctx8192", "impl": "root", "us": 14.6}]
+    report = {"gpu": "H200", "torch": "2.11", "triton": "3.6", "ceilings": {"copy_TBps": 4.1,
+              "bf16_matmul_TFLOPs": 700.0}, "consistency": {}, "timings": timings, "skipped": [],
+              "geomean_speedup_vs_peer": geomeans(timings)}
+    print_table(report)
+    lines = capsys.readouterr().out.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("prefill B1 S1024"))
+    assert lines[i].split("ms: ")[1] == "sdpa_cudnn=0.05 root=0.055 sync=0.06"  # the event line as before
+    assert lines[i + 1].split("graph ms: ")[1] == "sdpa_cudnn=0.036 root=0.04 sync=ERR"
+    assert not any("graph ms" in line for line in lines if line.startswith("decode")) and \
+        sum("graph ms" in line for line in lines) == 1
+    geo = {line.split()[2]: line for line in lines if line.startswith("geomean")}
+    assert "root=0.909 over 1 cells" in geo["prefill"] and "sync=0.833 over 1 cells" in geo["prefill"]
+    assert "root=0.900 over 1 cells" in geo["prefill_graph"]
+    assert "sync=none, 1 without a graph time" in geo["prefill_graph"]
+    assert "root=1.158 over 1 cells" in geo["decode"]
+
+
+def test_bench_graph_plan_bounds_replays_of_long_cells():
+    from kernels.attention import bench
+
+    assert bench.graph_plan(0.037, 8) == {"calls": 20, "replays": 30, "warmup": 3}  # B1 1K: as decode's timing
+    assert bench.graph_plan(60.0) == {"calls": 1, "replays": 5, "warmup": 1}  # B16 S16K: 7 calls, not 663
+    assert bench.graph_plan(1.5, 2)["calls"] == 2  # every input set in each replay
+    for ms in (0.01, 0.037, 0.3, 1.0, 2.9, 4.0, 9.0, 10.0, 15.0, 30.0, 60.0, 100.0):
+        p = bench.graph_plan(ms)
+        assert 1 <= p["calls"] <= 20 and 5 <= p["replays"] <= 30 and p["warmup"] >= 1
+        executed = p["warmup"] + (p["warmup"] + p["replays"]) * p["calls"]  # side-stream warm-ups, then replays
+        assert executed * ms <= max(120.0, 7 * ms), ms  # GPU time per implementation and cell
+    # Extra input sets only while they fit the byte budget; the big cells (B16 S16K: 3 GB a set) get one.
+    _, cells = bench.grid_cells()
+    for _, B, S in cells:
+        n = bench.n_prefill_sets(B, S)
+        assert n == 1 or n * B * (bench.HQ + 2 * bench.HKV) * S * bench.D * 2 <= bench.PREFILL_SETS_BYTES
+    assert bench.n_prefill_sets(1, 1024) == 8 and bench.n_prefill_sets(16, 16384) == 1
+
+
+def test_bench_graph_fields_keep_going_when_capture_fails(monkeypatch):
+    from kernels.attention import bench
+
+    def fails(fn, n_sets, **plan):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(bench, "graph_time_us", fails)
+    assert bench.graph_fields(lambda i: None, 1, 2.0) == {
+        "graph_error": "RuntimeError('operation not permitted when stream is capturing')"}
+    seen = {}
+    monkeypatch.setattr(bench, "graph_time_us", lambda fn, n_sets, **plan: seen.update(plan, n_sets=n_sets) or 250.0)
+    assert bench.graph_fields(lambda i: None, 3, 0.3) == {"graph_ms": 0.25, "graph_calls": 7, "graph_replays": 24}
+    assert seen == {**bench.graph_plan(0.3, 3), "n_sets": 3}
+
+
+def test_bench_time_prefill_adds_graph_times_beside_event_ones(monkeypatch):
+    # time_prefill on the CPU, with SDPA's math backend for the peers and the two timers stubbed: the rows carry
+    # both figures, a module that cannot be captured keeps its event figure, and the graph replays run on the
+    # same input sets and output as the event timing.
+    import contextlib
+    from types import SimpleNamespace
+
+    from kernels.attention import bench
+
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    sets = [tuple(torch.randn((1, h, 8, bench.D), generator=g, dtype=torch.bfloat16)
+                  for h in (bench.HQ, bench.HKV, bench.HKV)) for _ in range(3)]
+    state = {"capturing": False, "outs": set(), "inputs": set()}
+
+    def sdpa(q, k, v, scale, out, syncs=False):
+        if syncs and state["capturing"]:
+            raise RuntimeError("syncs during capture")
+        state["outs"].add(id(out))
+        state["inputs"].add(id(q))
+        out.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True))
+
+    def graph_time_us(fn, n_sets, **plan):  # the replays: every set in turn, the last one's output left behind
+        state["capturing"] = True
+        try:
+            for i in range(n_sets):
+                fn(i)
+        finally:
+            state["capturing"] = False
+        return 100.0 * n_sets
+
+    monkeypatch.setattr(bench, "prefill_sets", lambda B, S: sets)
+    monkeypatch.setattr(bench, "_sdpa", lambda backend: contextlib.nullcontext())
+    monkeypatch.setattr(bench, "_event_ms", lambda fn: (fn(), 0.5)[1])
+    monkeypatch.setattr(bench, "graph_time_us", graph_time_us)
+    modules = {"ours": SimpleNamespace(prefill=sdpa),
+               "syncs": SimpleNamespace(prefill=lambda *a: sdpa(*a, syncs=True))}
+    rows, keep = [], {}
+    bench.time_prefill(modules, "prefill", 1, 8, rows, keep=keep)
+    by = {r["impl"]: r for r in rows}
+    assert list(by) == ["sdpa_cudnn", "sdpa_flash", "ours", "syncs"]
+    calls = bench.graph_plan(0.5, 3)["calls"]
+    for name in ("sdpa_cudnn", "sdpa_flash", "ours"):
+        assert by[name]["ms"] == 0.5 and by[name]["graph_ms"] == pytest.approx(0.3), name
+        assert by[name]["graph_calls"] == calls and "graph_error" not in by[name]
+    assert by["sdpa_cudnn"]["gqa_expanded"] is False
+    assert by["syncs"]["ms"] == 0.5 and "graph_ms" not in by["syncs"] and "syncs" in by["syncs"]["graph_error"]
+    # The error and the kept output are set 0's, though the replays left set 2's output in the shared `out`.
+    assert by["ours"]["rel_l2_vs_sdpa"] == 0.0 and by["syncs"]["rel_l2_vs_sdpa"] == 0.0
+    q, k, v = sets[0]
+    assert torch.equal(keep["ours"], F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                     scale=1 / math.sqrt(bench.D), enable_gqa=True))
+    assert len(state["outs"]) == 1 and state["inputs"] == {id(s[0]) for s in sets}
+    assert bench.geomeans(rows)["prefill_graph"] == {"ours": 1.0, "ours_cells": 1, "syncs_graph_errors": 1}
+
+
 def test_named_bench_variants_use_declared_knob_values():
     # `tik-evo bench attention --variants NAME` runs these; a misspelt knob or value would time something else.
     from kernels.attention.bench import VARIANTS
@@ -445,9 +592,10 @@ def test_root_and_hopper_knobs_compile_for_hopper():
                                       "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
                                       "DECODE_MERGE_ROWS": 1, "FULL_WS_PERSISTENT": "snake"}, True),
                        ({"DECODE_FINISH_SINGLE": True}, False),
-                       ({"DECODE_MERGE_LAUNCH": "fused", "DECODE_MERGE_ROWS": 1, "DECODE_MERGE_LOADS": 8}, False),
+                       ({"DECODE_MERGE_LAUNCH": "fused", "DECODE_MERGE_ROWS": 1, "DECODE_MERGE_LOADS": 8,
+                         "FULL_WS_CONSUMERS": 3}, False),
                        ({"ROW_SUM": "tree", "FULL_WS_SCHEDULE": "serial", "FULL_WS_BUFFERS": 2,
-                         "head_dim": 64}, False)):
+                         "FULL_WS_CONSUMERS": 3, "head_dim": 64}, False)):
         knobs = dict(knobs)
         dim = str(knobs.pop("head_dim", 128))
         r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
@@ -462,6 +610,22 @@ def test_root_and_hopper_knobs_compile_for_hopper():
         assert rep["merge"]["LDG"] > 0 and rep["merge"]["spill_store_bytes"] == 0, rep["merge"]
         # The Gluon prefill: TMA loads and register budgets set per warp-specialised partition.
         assert rep["prefill_ws"]["UTMALDG"] > 0 and rep["prefill_ws"]["USETMAXREG"] > 0, rep["prefill_ws"]
+
+
+def test_gluon_prefill_shared_memory_plan():
+    # Three consumers keep their merged accumulators (padded rows) in shared memory; at head dim 128 that leaves
+    # room for one query tile and two K/V slots, and every plan must fit a Hopper block.
+    for cons, dim, split, want in ((2, 128, 1024, (2, 2, False, 4)), (2, 64, 512, (2, 2, False, 4)),
+                                   (3, 128, 1024, (3, 1, True, 2)), (3, 64, 512, (3, 2, True, 4)),
+                                   (3, 128, 0, (3, 2, False, 4))):
+        mod = load(with_knobs(FAMILY.root_source(), FULL_WS_CONSUMERS=cons))
+        plan = mod._ws_plan(64, dim, split)
+        assert plan == want, (cons, dim, split, plan)
+        _, q_tiles, acc_smem, slots = plan
+        used = q_tiles * cons * 64 * dim * 2 + slots * 2 * 64 * dim * 2 + (cons * 64 * (dim + 4) * 4 if acc_smem else 0)
+        assert used <= mod.WS_SMEM_BYTES - 1024
+        regs, loader, launch = mod.WS_REGS[cons]
+        assert cons * regs * 128 + loader * 128 <= 65536 and launch * 32 * 4 * (cons + 1) <= 65536
 
 
 def test_gluon_prefill_falls_back_to_triton_where_it_does_not_apply():
