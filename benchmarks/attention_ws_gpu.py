@@ -103,13 +103,13 @@ def main() -> int:
             report.setdefault("skipped", []).append(f"{phase} B{B} S{S}")
             continue
         time_cell(phase, B, S, modules, report["timings"], report["bits_vs_triton"])
-        line = [r for r in report["timings"] if r["cell"] == f"{phase} B{B} S{S}"]
-        print(f"{phase} B{B} S{S}: " + " ".join(f"{r['impl']}={r.get('ms', float('nan')):.4g}" for r in line),
+        cell = f"{phase} B{B} S{S}"
+        print("\n".join(bench.cell_lines(cell, {r["impl"]: r for r in report["timings"] if r["cell"] == cell})),
               flush=True)
     report["geomean_speedup_vs_peer"] = bench.geomeans(report["timings"])
     Path(args.out).write_text(json.dumps(report, indent=1))
-    for phase, g in report["geomean_speedup_vs_peer"].items():
-        print(phase, {k: round(v, 3) for k, v in g.items() if not k.endswith("_cells")})
+    for key, g in report["geomean_speedup_vs_peer"].items():
+        print(key, " ".join(bench.geomean_parts(g)))
     bad = [b for b in report["bits_vs_triton"] if b["elements_differing_from_triton"]]
     print("cells whose bits differ from the Triton prefill:", len(bad), "of", len(report["bits_vs_triton"]))
     return 0

@@ -4,6 +4,7 @@ interpreter, labelled as such everywhere it is shown: it says nothing about GPU 
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Any
@@ -62,24 +63,22 @@ def _cuda(bench: Bench, cfg: dict[str, Any]) -> dict[str, Any]:
     return _summary([s / 1e3 for s in samples], timer)
 
 
-def graph_replay_us(fn, calls: int = 20, replays: int = 30) -> float:
-    """Benchmarks' decode timer: median microseconds per call over ``replays`` replays of one CUDA graph that
-    captured ``calls`` calls of ``fn`` (zero-arg; it may cycle through input sets), after 3 warm-up calls on a
-    side stream (as capture requires) and 3 warm-up replays. Ours and the peers are timed by this one function."""
+def graph_replay_us(fn, calls: int = 20, replays: int = 30, warmup: int = 3) -> float:
+    """Benchmarks' graph timer: median microseconds per call over ``replays`` replays of one CUDA graph that
+    captured ``calls`` calls of ``fn`` (zero-arg; it may cycle through input sets), after ``warmup`` warm-up calls
+    on a side stream (as capture requires) and ``warmup`` warm-up replays. Ours and the peers are timed by this one
+    function. Fewer calls, replays and warm-ups bound the time spent on long launches (tens of ms each)."""
     import torch
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
-        for _ in range(3):
+        for _ in range(warmup):
             fn()
     torch.cuda.current_stream().wait_stream(s)
     torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    for _ in range(3):
+    graph = _capture(fn, calls)
+    for _ in range(warmup):
         graph.replay()
     torch.cuda.synchronize()
     times = []
@@ -91,6 +90,44 @@ def graph_replay_us(fn, calls: int = 20, replays: int = 30) -> float:
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     return sorted(times)[len(times) // 2]
+
+
+def _capture(fn, calls: int):
+    """A CUDA graph of ``calls`` calls of ``fn``. A capture that fails (``fn`` syncs, say) is undone here, so the
+    caller can go on: torch.cuda.graph would leave its side stream current and the default CUDA generator marked
+    as capturing (every later torch.randn on the GPU then raises)."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            graph.capture_begin()
+            try:
+                for _ in range(calls):
+                    fn()
+            except BaseException:
+                with contextlib.suppress(Exception):  # ends the invalidated capture; fn's error is the one to see
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+    except BaseException:
+        _end_generator_capture()
+        raise
+    return graph
+
+
+def _end_generator_capture() -> None:
+    """Clear the capturing mark a failed capture leaves on the default CUDA generator: a capture that ends well
+    (here of one tiny kernel) runs the generator's epilogue, which the failed one skipped."""
+    import torch
+
+    x = torch.zeros(1, device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        graph.capture_begin()
+        x.add_(1)
+        graph.capture_end()
+    torch.cuda.synchronize()
 
 
 def timer_of(measurements: dict[str, dict[str, Any]]) -> str:

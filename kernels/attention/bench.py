@@ -1,9 +1,10 @@
 """`tik-evo bench attention`: bitwise checks and timings of the root (and knob variants) against torch SDPA.
 
 Run on a GPU. For every variant: every consistency case of the family at level "full" (bitwise, bf16 and
-pre-cast fp32), then prefill / train_forward timed against SDPA's cuDNN and flash backends and decode timed as
-CUDA-graph replays against default SDPA, on the same inputs. Also measures the copy-bandwidth and bf16 matmul
-ceilings. Writes one JSON file and prints a table last. Needs torch, triton and numpy only.
+pre-cast fp32), then prefill / train_forward timed against SDPA's cuDNN and flash backends (CUDA events, `ms`,
+and CUDA-graph replays, `graph_ms`) and decode timed as CUDA-graph replays against default SDPA, on the same
+inputs. Also measures the copy-bandwidth and bf16 matmul ceilings. Writes one JSON file and prints a table last.
+Needs torch, triton and numpy only.
 """
 
 from __future__ import annotations
@@ -118,9 +119,54 @@ def ceilings() -> dict[str, float]:
     return {"copy_TBps": 2 * x.numel() * 2 / ms / 1e9, "bf16_matmul_TFLOPs": 2 * 8192**3 / mm / 1e9}
 
 
-def graph_time_us(fn: Callable[[int], None], n_sets: int) -> float:
-    """Median time of one call, from CUDA-graph replays of 20 calls cycling over the input sets."""
-    return graph_replay_us(checks.rotate(fn, list(range(n_sets))))
+def graph_time_us(fn: Callable[[int], None], n_sets: int, **plan: int) -> float:
+    """Median time of one call, from CUDA-graph replays of 20 calls (or ``plan``'s) cycling over the input sets."""
+    return graph_replay_us(checks.rotate(fn, list(range(n_sets))), **plan)
+
+
+# Prefill's graph timing: extra input sets up to this many bytes, so consecutive replayed calls read memory the
+# L2 (60 MB) no longer holds, as do_bench's flush ensures. Cells whose one set passes half of it (B16 S16K: 3 GB)
+# get no copy: they read several times the L2 per call anyway, and a second set would cost gigabytes.
+PREFILL_SETS_BYTES = 512 << 20
+GRAPH_REPLAY_MS = 2.0  # calls per captured graph: about this much GPU time per replay, so one graph launch is noise
+GRAPH_BUDGET_MS = 50.0  # timed replays: about this much GPU time per implementation and cell (5 at least)
+
+
+def graph_plan(ms: float, n_sets: int = 1) -> dict[str, int]:
+    """graph_replay_us's calls, replays and warm-ups for a call of ``ms`` (its event timing): 20 calls x 30 replays
+    for the short cells; one call, 5 replays and 1 warm-up for a B16 S16K call (~60 ms), 7 calls instead of 663.
+    At least one call per input set, so replays never re-read the set the last one did."""
+    calls = min(20, max(1, n_sets, round(GRAPH_REPLAY_MS / ms)))
+    replays = min(30, max(5, round(GRAPH_BUDGET_MS / (calls * ms))))
+    return {"calls": calls, "replays": replays, "warmup": 3 if calls * ms < 10 else 1}
+
+
+def graph_fields(fn: Callable[[int], None], n_sets: int, ms: float) -> dict[str, Any]:
+    """A row's graph figures: ``graph_ms`` (median per call over graph replays) and the plan, or ``graph_error``
+    when the implementation cannot be captured (a backend that syncs, say); the event figure stands either way."""
+    plan = graph_plan(ms, n_sets)
+    try:
+        us = graph_time_us(fn, n_sets, **plan)
+    except Exception as e:  # noqa: BLE001 - an uncapturable implementation is a result, not a crash
+        return {"graph_error": repr(e)[:300]}
+    return {"graph_ms": us / 1e3, "graph_calls": plan["calls"], "graph_replays": plan["replays"]}
+
+
+def n_prefill_sets(B: int, S: int) -> int:
+    """Input sets of a prefill cell: up to 8 within PREFILL_SETS_BYTES, one for cells past half of it."""
+    return max(1, min(8, PREFILL_SETS_BYTES // (B * (HQ + 2 * HKV) * S * D * 2)))
+
+
+def prefill_sets(B: int, S: int) -> list[tuple[torch.Tensor, ...]]:
+    """(q, k, v) input sets of one cell on the GPU: set 0 drawn first (the event timings' inputs, the same as
+    before graph timing existed), then the graph timing's extra sets."""
+    gen = torch.Generator(device="cuda").manual_seed(B * 100003 + S)
+
+    def draw() -> tuple[torch.Tensor, ...]:
+        return tuple(torch.randn((B, h, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+                     for h in (HQ, HKV, HKV))
+
+    return [draw() for _ in range(n_prefill_sets(B, S))]
 
 
 def _sdpa(backend: str):
@@ -131,50 +177,69 @@ def _sdpa(backend: str):
 
 def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list[dict],
                  keep: dict[str, torch.Tensor] | None = None) -> None:
-    """Time cuDNN/flash SDPA and every module's prefill on one cell's inputs; `keep` collects each module's
-    output (for bit comparisons between implementations)."""
-    from triton.testing import do_bench
-
-    F = torch.nn.functional
-    gen = torch.Generator(device="cuda").manual_seed(B * 100003 + S)
-    q = torch.randn((B, HQ, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
+    """Time cuDNN/flash SDPA and every module's prefill on one cell's inputs, by CUDA events (``ms``) and by
+    CUDA-graph replays (``graph_ms``); `keep` collects each module's output (for bit comparisons between
+    implementations)."""
+    sets = prefill_sets(B, S)
+    q, k, v = sets[0]
     out = torch.empty_like(q)
     scale = 1 / math.sqrt(D)
     flops = 4 * B * HQ * D * S * (S + 1) / 2
-    cell = f"{phase} B{B} S{S}"
+    base = {"phase": phase, "cell": f"{phase} B{B} S{S}"}
     ref = None
-    for backend in ("cudnn", "flash"):
-        try:
-            kk, vv = k, v
-            with _sdpa(backend):
-                def fn(kk=kk, vv=vv):
-                    return F.scaled_dot_product_attention(q, kk, vv, is_causal=True, scale=scale, enable_gqa=True)
-
-                try:
-                    ref = fn()
-                except RuntimeError:  # backend without GQA: expand K/V outside the timed region
-                    kk, vv = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
-                    fn = functools.partial(fn, kk, vv)
-                    ref = fn()
-                ms = do_bench(fn, warmup=25, rep=100, return_mode="median")
-            rows.append({"phase": phase, "cell": cell, "impl": f"sdpa_{backend}", "ms": ms,
-                         "TFLOPs": flops / ms / 1e9, "gqa_expanded": kk is not k})
-        except Exception as e:  # noqa: BLE001 - a missing backend is a result, not a crash
-            rows.append({"phase": phase, "cell": cell, "impl": f"sdpa_{backend}", "error": repr(e)[:300]})
+    for backend in ("cudnn", "flash"):  # the last that runs is the reference of rel_l2_vs_sdpa
+        peer_out = _time_peer(backend, sets, scale, flops, base, rows)
+        ref = ref if peer_out is None else peer_out
     for name, mod in modules.items():
+        row = {**base, "impl": name}
+        rows.append(row)
         try:
             mod.prefill(q, k, v, scale, out)
             if keep is not None:
                 keep[name] = out.clone()
-            ms = do_bench(functools.partial(mod.prefill, q, k, v, scale, out), warmup=25, rep=100,
-                          return_mode="median")
+            ms = _event_ms(functools.partial(mod.prefill, q, k, v, scale, out))
+            # Before the graph timing, which leaves another input set's output in `out`.
             err = float((out.float() - ref.float()).norm() / ref.float().norm()) if ref is not None else None
-            rows.append({"phase": phase, "cell": cell, "impl": name, "ms": ms, "TFLOPs": flops / ms / 1e9,
-                         "rel_l2_vs_sdpa": err})
+            row.update({"ms": ms, "TFLOPs": flops / ms / 1e9, "rel_l2_vs_sdpa": err})
         except Exception as e:  # noqa: BLE001
-            rows.append({"phase": phase, "cell": cell, "impl": name, "error": repr(e)[:300]})
+            row["error"] = repr(e)[:300]
+            continue
+        row.update(graph_fields(lambda i, mod=mod: mod.prefill(*sets[i], scale, out), len(sets), ms))
+
+
+def _event_ms(fn: Callable[[], Any]) -> float:
+    from triton.testing import do_bench
+
+    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def _time_peer(backend: str, sets: list[tuple[torch.Tensor, ...]], scale: float, flops: float,
+               base: dict[str, Any], rows: list[dict]) -> torch.Tensor | None:
+    """Time one SDPA backend on set 0 by events, then over the sets by graph replays; append its row and return
+    its output (None if the backend failed)."""
+    F = torch.nn.functional
+    row = {**base, "impl": f"sdpa_{backend}"}
+    rows.append(row)
+    peer_sets = sets
+
+    def call(i: int) -> torch.Tensor:
+        return F.scaled_dot_product_attention(*peer_sets[i], is_causal=True, scale=scale, enable_gqa=True)
+
+    try:
+        with _sdpa(backend):
+            try:
+                ref = call(0)
+            except RuntimeError:  # backend without GQA: expand K/V outside the timed region, of set 0 only
+                q, k, v = sets[0]  # (expanding every set would take 4x their K/V memory)
+                peer_sets = [(q, k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1))]
+                ref = call(0)
+            ms = _event_ms(functools.partial(call, 0))
+            row.update({"ms": ms, "TFLOPs": flops / ms / 1e9, "gqa_expanded": peer_sets is not sets})
+            row.update(graph_fields(call, len(peer_sets), ms))
+        return ref
+    except Exception as e:  # noqa: BLE001 - a missing backend is a result, not a crash
+        row["error"] = repr(e)[:300]
+        return None
 
 
 def time_decode(modules: dict[str, Any], B: int, ctx: int, rows: list[dict]) -> None:
@@ -377,26 +442,68 @@ def grid_cells() -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:
     return decode, prefill
 
 
+PEER_OF = {"prefill": "sdpa_cudnn", "train_forward": "sdpa_cudnn", "decode": "sdpa"}
+
+
+def _figures(phase: str) -> dict[str, str]:
+    """Summary key -> timing field of a phase: decode's graph-replay "us"; prefill's and train_forward's event
+    "ms", and their graph-replay "graph_ms" under "<phase>_graph"."""
+    return {phase: "us"} if phase == "decode" else {phase: "ms", f"{phase}_graph": "graph_ms"}
+
+
 def geomeans(timings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per phase and implementation: geometric mean over the timed cells of peer time / implementation time
-    (> 1: faster than the peer). Peers: cuDNN SDPA for prefill and train_forward, default SDPA for decode."""
-    peer_of = {"prefill": "sdpa_cudnn", "train_forward": "sdpa_cudnn", "decode": "sdpa"}
+    """Per summary key (phase, or "<phase>_graph") and implementation: geometric mean over the timed cells of peer
+    time / implementation time (> 1: faster than the peer), with "<name>_cells" the cells it covers. Peers: cuDNN
+    SDPA for prefill and train_forward, default SDPA for decode. A graph key also counts, in
+    "<name>_graph_errors", the cells left out because ours or the peer's capture failed (graph_error)."""
     by_cell: dict[str, dict[str, dict]] = {}
     for r in timings:
         by_cell.setdefault(r["cell"], {})[r["impl"]] = r
     logs: dict[tuple[str, str], list[float]] = {}
+    graph_errors: dict[tuple[str, str], int] = {}
     for impls in by_cell.values():
         for name, r in impls.items():
-            unit = "us" if r["phase"] == "decode" else "ms"
-            peer = impls.get(peer_of[r["phase"]], {})
-            if name.startswith("sdpa") or unit not in r or unit not in peer:
+            if name.startswith("sdpa"):
                 continue
-            logs.setdefault((r["phase"], name), []).append(math.log(peer[unit] / r[unit]))
+            peer = impls.get(PEER_OF[r["phase"]], {})
+            for key, unit in _figures(r["phase"]).items():
+                if unit in r and unit in peer:
+                    logs.setdefault((key, name), []).append(math.log(peer[unit] / r[unit]))
+                elif unit == "graph_ms" and ("graph_error" in r or "graph_error" in peer):
+                    graph_errors[(key, name)] = graph_errors.get((key, name), 0) + 1
     out: dict[str, dict[str, float]] = {}
-    for (phase, name), xs in logs.items():
-        out.setdefault(phase, {})[name] = math.exp(sum(xs) / len(xs))
-        out[phase][name + "_cells"] = len(xs)
+    for (key, name), xs in logs.items():
+        out.setdefault(key, {})[name] = math.exp(sum(xs) / len(xs))
+        out[key][name + "_cells"] = len(xs)
+    for (key, name), n in graph_errors.items():
+        out.setdefault(key, {})[name + "_graph_errors"] = n
     return out
+
+
+def geomean_parts(g: dict[str, float]) -> list[str]:
+    """One summary key's geomeans as "name=0.861 over 16 cells" (", 2 without a graph time" where captures
+    failed; "name=none" where every one did)."""
+    names = dict.fromkeys(k.removesuffix("_cells").removesuffix("_graph_errors") for k in g
+                          if k.endswith(("_cells", "_graph_errors")))
+    parts = []
+    for n in names:
+        part = f"{n}={g[n]:.3f} over {g[n + '_cells']} cells" if n in g else f"{n}=none"
+        if g.get(n + "_graph_errors"):
+            part += f", {g[n + '_graph_errors']} without a graph time"
+        parts.append(part)
+    return parts
+
+
+def cell_lines(cell: str, impls: dict[str, dict[str, Any]]) -> list[str]:
+    """A cell's printed timings: one line of its main figure (us for decode, event ms otherwise), and for
+    prefill/train_forward a second of graph ms where any row has a graph figure (ERR: failed or not captured)."""
+    unit = "us" if cell.startswith("decode") else "ms"
+    lines = [f"{cell:28s} {unit}: " + " ".join(f"{n}={r[unit]:.3g}" if unit in r else f"{n}=ERR"
+                                               for n, r in impls.items())]
+    if any("graph_ms" in r or "graph_error" in r for r in impls.values()):
+        lines.append(f"{'':28s} graph ms: " + " ".join(f"{n}={r['graph_ms']:.3g}" if "graph_ms" in r else f"{n}=ERR"
+                                                        for n, r in impls.items()))
+    return lines
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -409,12 +516,9 @@ def print_table(report: dict[str, Any]) -> None:
     for row in report["timings"]:
         by_cell.setdefault(row["cell"], {})[row["impl"]] = row
     for cell, impls in by_cell.items():
-        unit = "us" if cell.startswith("decode") else "ms"
-        parts = [f"{n}={r[unit]:.3g}" if unit in r else f"{n}=ERR" for n, r in impls.items()]
-        print(f"{cell:28s} {unit}: " + " ".join(parts))
-    for phase, g in report.get("geomean_speedup_vs_peer", {}).items():
-        print(f"geomean peer/ours {phase:14s} " + " ".join(f"{n}={v:.3f} over {g[n + '_cells']} cells"
-                                                         for n, v in g.items() if not n.endswith("_cells")))
+        print("\n".join(cell_lines(cell, impls)))
+    for key, g in report.get("geomean_speedup_vs_peer", {}).items():
+        print(f"geomean peer/ours {key:19s} " + " ".join(geomean_parts(g)))
     for v in report.get("verify", []):
         print("verify", v["workload"]["phase"], all(c["passed"] for c in v["checks"]))
     if report["skipped"]:
