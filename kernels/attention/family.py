@@ -108,11 +108,12 @@ class AttentionFamily(Family):
              "flattened, pipelined loop nest (flatten)"),
         Knob("DECODE_KV_LOADS", ("pointer", "tma"), "decode",
              "how decode loads K/V tiles of whole blocks below the context length: pointers or TMA descriptors"),
-        Knob("DECODE_MERGE_LAUNCH", ("plain", "pdl", "fused"), "decode",
+        Knob("DECODE_MERGE_LAUNCH", ("plain", "pdl", "fused", "auto"), "decode",
              "launch decode's merge after the chunk kernel (plain), early with programmatic dependent launch, "
              "waiting on the chunk grid inside the kernel (pdl; GPU only, the interpreter runs plain), or not at "
              "all (fused): the last chunk program of each row group to arrive (an integer arrival counter) folds "
-             "the partials in the same ascending order"),
+             "the partials in the same ascending order; auto: fused for chunk grids of at least 3/4 of a wave, "
+             "pdl below (where one program folding every partial is slower than a merge launch)"),
         Knob("DECODE_FINISH_SINGLE", (False, True), "decode",
              "when the whole cache fits one split chunk, decode is one launch: each program folds its only chunk "
              "into the empty state and normalises it (the merge's own element-wise steps), no merge launch"),

@@ -960,9 +960,6 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     # A cache of at most one chunk: one launch (a shape choice; the bits are the merge's either way).
     finish_single = bool(split) and KNOBS["DECODE_FINISH_SINGLE"] and s_cap <= split
     merge = bool(split) and not finish_single
-    # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
-    pdl = merge and KNOBS["DECODE_MERGE_LAUNCH"] == "pdl" and q.is_cuda
-    fused = merge and KNOBS["DECODE_MERGE_LAUNCH"] == "fused"  # the chunk grid's last programs fold: one launch
     if split:
         n_chunks = triton.cdiv(s_cap, split)
         if cpp == 0:  # "auto": the fewest programs that still give every SM two (which program computes a
@@ -973,13 +970,19 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
                 cpp *= 2
     else:
         n_chunks, cpp = 1, 1
+    grid = (triton.cdiv(n_chunks, cpp), B * (HKV if pack else HQ))
+    launch = KNOBS["DECODE_MERGE_LAUNCH"]
+    if launch == "auto":  # H200, split 512 (run 27): the fused fold wins from 128 chunk programs, PDL up to 64
+        launch = "fused" if grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
+    # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
+    pdl = merge and launch == "pdl" and q.is_cuda
+    fused = merge and launch == "fused"  # the chunk grid's last programs fold: one launch
     if merge:
         m_ws = torch.empty((B * HQ * n_chunks,), dtype=torch.float32, device=q.device)
         l_ws = torch.empty_like(m_ws)
         acc_ws = torch.empty((B * HQ * n_chunks * D,), dtype=torch.float32, device=q.device)
     else:  # no partials: the slots are never read or written
         m_ws = l_ws = acc_ws = o32
-    grid = (triton.cdiv(n_chunks, cpp), B * (HKV if pack else HQ))
     arrivals = _arrivals(q.device, grid[1]) if fused else m_ws
     # rows of the merge's tile: the row group (a KV head's query heads, or one query head) padded
     merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group if pack else 1))

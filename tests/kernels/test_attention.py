@@ -178,6 +178,39 @@ def test_fused_merge_folds_in_the_last_program_without_a_merge_launch(pack, load
     assert any(buf is first for buf in mod._ARRIVALS[(torch.device("cpu"), 0)])  # ... and the old one kept alive
 
 
+class _Spy:
+    """A kernel whose launches are recorded."""
+
+    def __init__(self, kernel, launched: list):
+        self.kernel, self.launched = kernel, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(grid)
+        return self.kernel[grid]
+
+
+def test_auto_merge_launch_follows_the_chunk_grid():
+    # "auto" folds in the chunk programs when their grid fills at least 3/4 of the SMs, else launches the merge
+    # (PDL on the GPU, plain here): same bits either way.
+    src = with_knobs(FAMILY.root_source(), BLOCK_N=16, SPLIT_TOKENS=16, BLOCK_M=64, DECODE_MERGE_LAUNCH="auto")
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn((2, 4, 1, 64), generator=g).to(torch.bfloat16)
+    kc = torch.randn((2, 2, 70, 64), generator=g).to(torch.bfloat16)
+    vc = torch.randn((2, 2, 70, 64), generator=g).to(torch.bfloat16)
+    ctx = torch.tensor([70, 33], dtype=torch.int32)
+    outs = {}
+    for sms, merge_launched in ((1, False), (1000, True)):  # 5 chunks x 4 row groups = 20 programs
+        mod = load(src)
+        mod._sm_count = lambda device, sms=sms: sms
+        launched = []
+        mod._decode_merge_kernel = _Spy(mod._decode_merge_kernel, launched)
+        out = torch.empty_like(q)
+        mod.decode(q, kc, vc, ctx, 0.125, out)
+        assert bool(launched) == merge_launched, sms
+        outs[sms] = out
+    assert torch.equal(outs[1].view(torch.int16), outs[1000].view(torch.int16))
+
+
 # Knob combinations the search may choose: path-only knobs from the legal space; contract knobs scaled down so
 # that the tiny CPU shapes still cross block and chunk edges (the legal splits are >= 256 tokens).
 _rng = random.Random(0)
