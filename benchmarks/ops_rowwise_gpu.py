@@ -4,7 +4,7 @@ bitwise path consistency at model shapes (the families' own checks, run on the G
 against a device-to-device copy ceiling measured in the same run. Writes JSON to --out; prints a table last.
 rope is timed both ways: `root_us` looks each token's cos/sin row up in the table by position (as the engine
 times it), `root_rows_us` is handed the rows pre-gathered outside the timed region, as Liger's cos/sin are
-(a model gathers them once per step for all layers), `root_table_us` is the table lookup timed that same way;
+(a model gathers them once per step for all layers), `root_table_us` is the table lookup timed that same way, `root_inplace_us` rows rotated in place (q_out = q);
 `rows_bitwise` says the two gave the same bits.
 
     PYTHONPATH=$PWD python3 benchmarks/ops_rowwise_gpu.py [--families a,b] [--out DIR] [--all-workloads]
@@ -322,6 +322,8 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
             cos, sin = fam_mod.rope_table(int(pos.max()) + 1, d, workload["theta"], workload.get("scaling"),
                                           DEVICE)
             out["root_table"] = lambda: fn(q, k, cos, sin, pos, qo, ko)
+            # rotating in place (q_out = q), as Liger does: same bits (tests), written back to the lines just read
+            out["root_inplace"] = lambda: fn(q, k, None, None, None, q, k, rows=rows)
     elif family == "silu_mul":
         inter = workload["intermediate"]
         a, b = rnd(T, inter), rnd(T, inter)
@@ -418,7 +420,7 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
             if family == "rope" and fam_mod.takes_rows(impl):
                 row["rows_bitwise"] = rope_rows_bitwise(impl, fam_mod, w)
             for name, fn in peers(family, w, liger, fam_mod, impl).items():
-                if late and name not in ("torch", "root_rows", "root_table"):  # ours is always timed
+                if late and name not in ("torch", "root_rows", "root_table", "root_inplace"):  # ours: always timed
                     row[f"{name}_skipped"] = "time budget"
                     continue
                 try:
@@ -493,6 +495,10 @@ def print_table(result: dict) -> None:
             if "root_table_us" in w:  # the table lookup on rotated sets, as the peers are timed
                 xl = w["liger_us"] / w["root_table_us"] if "liger_us" in w else float("nan")
                 print(f"{'':<12}{'  table, rotated sets':<28}{w['root_table_us']:9.1f}{'-':>6}{'':>24}{'':>8}"
+                      f"{xl:8.2f}")
+            if "root_inplace_us" in w:  # rows, rotated in place as Liger rotates
+                xl = w["liger_us"] / w["root_inplace_us"] if "liger_us" in w else float("nan")
+                print(f"{'':<12}{'  rows, in place':<28}{w['root_inplace_us']:9.1f}{'-':>6}{'':>24}{'':>8}"
                       f"{xl:8.2f}")
             if "root_rows_us" in w:  # the same kernel handed pre-gathered cos/sin rows (as Liger is)
                 xe = w["torch_us"] / w["root_rows_us"] if "torch_us" in w else float("nan")

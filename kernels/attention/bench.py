@@ -66,9 +66,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 # The same with 512-token split chunks (a contract change: decode of short contexts gets twice the programs;
 # the Gluon prefill pays 1.5-2.7% for the extra merges) and decode's merge folded by the chunk grid's last
-# programs (runs 26-28: decode 1.008-1.010x SDPA, B1 ctx 8K 14.6-14.7 us).
+# programs where their grid fills most of a wave, the PDL merge launch below (runs 26-29: decode 1.014-1.015x
+# SDPA, B1 ctx 8K 14.5-14.6 us).
 VARIANTS["hopper_ws_s512"] = {**VARIANTS["hopper_ws"], "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": 0,
-                              "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LAUNCH": "fused"}
+                              "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LAUNCH": "auto"}
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.
 SWEEP: dict[str, dict[str, Any]] = {

@@ -160,6 +160,27 @@ def test_rows_give_the_table_paths_bits(n, knobs):
         assert torch.equal(_bits(a), _bits(b))
 
 
+@pytest.mark.parametrize("knobs", [{}, {"DECODE_LOAD_ORDER": "serial", "DECODE_HEAD_SPLIT": 2}])
+def test_rotation_in_place_gives_the_same_bits(knobs):
+    # q_out = q, k_out = k (as vLLM rotates): every element is loaded before its program stores it, and programs
+    # touch disjoint tokens, so rotating in place gives the out-of-place bits.
+    import torch
+
+    from kernels.rope.family import rope_table
+
+    impl = R.load_with_knobs(FAM, **knobs)
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(9, 4, 64, generator=g).to(torch.bfloat16), torch.randn(9, 2, 64, generator=g).to(torch.bfloat16)
+    pos = torch.randint(0, 40, (9,), generator=g)
+    cos, sin = rope_table(40, 64, 1e6, None, "cpu")
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    impl.rope_decode(q, k, cos, sin, pos, qo, ko)
+    qi, ki = q.clone(), k.clone()
+    impl.rope_decode(qi, ki, cos, sin, pos, qi, ki)
+    assert torch.equal(_bits(qi), _bits(qo)) and torch.equal(_bits(ki), _bits(ko))
+    assert not torch.equal(_bits(qi), _bits(q))
+
+
 def test_rows_are_rounded_like_the_table():
     # ROUND_TABLE_TO_BF16 applies to gathered rows: on, rows give the rounded table's bits, not the fp32 ones.
     import torch
