@@ -72,7 +72,7 @@ while [ $# -gt 0 ]; do
       timeout 540 python3 benchmarks/attention_gpu.py --budget-s 500 --out "$OUT/attention_full.json" 2>&1 | tail -40 ;;
     attention_ws)  # the warp-specialised Gluon prefill: a smoke launch first (a hang must not eat the call),
       # then its bitwise checks and the grid's prefill/train cells against the Triton prefill and cuDNN
-      timeout 120 python3 benchmarks/attention_ws_smoke.py 2>&1 | tail -12
+      timeout 300 python3 benchmarks/attention_ws_smoke.py 2>&1 | tail -12
       if [ "${PIPESTATUS[0]}" = 0 ]; then
         timeout $(( ${ATTN_BUDGET_S:-330} + 60 )) python3 benchmarks/attention_ws_gpu.py --budget-s ${ATTN_BUDGET_S:-330} \
           ${WS_ARGS:-} --out "$OUT/attention_ws.json" 2>&1 | tail -60
