@@ -89,7 +89,7 @@ class AttentionFamily(Family):
         Knob("FULL_WS_CONSUMERS", (2, 3), "full",
              "Gluon prefill: consumer warpgroups per tile (64 query rows each: 128- or 192-row tiles). Three "
              "keep the merged split-KV accumulator in shared memory (registers allow about 160 a thread) and, at "
-             "head dim 128, hold one query tile instead of two"),
+             "head dim 128, hold one query tile and two K/V slots: measured 14% slower there on an H200 (run 29)"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "
