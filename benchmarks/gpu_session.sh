@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
       gzip -c /tmp/decode_ncu_sass.csv > "$OUT/decode_ncu_sass.csv.gz" ;;
     attention_prefill_ncu) v=$1; cells=$2; shift 2  # prefill launches (Triton or Gluon) under Nsight Compute
       rep=/tmp/prefill_ncu; order="$OUT/prefill_ncu_order.json"
-      timeout 300 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+      timeout ${NCU_TIMEOUT_S:-300} ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
         --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
         -f -o $rep python3 benchmarks/attention_decode_profile.py run --phase prefill \
