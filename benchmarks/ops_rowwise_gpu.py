@@ -2,10 +2,10 @@
 embedding): each family's root against torch eager, torch.compile and Liger-Kernel where Liger has the op;
 bitwise path consistency at model shapes (the families' own checks, run on the GPU); achieved bandwidth
 against a device-to-device copy ceiling measured in the same run. Writes JSON to --out; prints a table last.
-rope is timed both ways: `root_us` looks each token's cos/sin row up in the table by position (as the engine
-times it), `root_rows_us` is handed the rows pre-gathered outside the timed region, as Liger's cos/sin are
-(a model gathers them once per step for all layers), `root_table_us` is the table lookup timed that same way, `root_inplace_us` rows rotated in place (q_out = q);
-`rows_bitwise` says the two gave the same bits.
+rope is timed several ways: `root_us` looks each token's cos/sin row up in the table by position (as the engine
+times it); on rotated sets like the peers, `root_table_us` the same lookup, `root_rows_us` rows pre-gathered
+outside the timed region as Liger's cos/sin are (a model gathers them once per step for all layers) and
+`root_inplace_us` those rows rotated in place (q_out = q); `rows_bitwise` says rows and table gave the same bits.
 
     PYTHONPATH=$PWD python3 benchmarks/ops_rowwise_gpu.py [--families a,b] [--out DIR] [--all-workloads]
 
@@ -314,13 +314,12 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
                 liger["rope"](ql[None].transpose(1, 2), kl[None].transpose(1, 2), c1, s1)
             out["liger"] = lig
         if impl is not None and fam_mod.takes_rows(impl):
-            rows = rope_rows(impl, fam_mod, workload, pos)  # gathered outside the timed region, like cos2/sin2
+            cos, sin = rope_table(fam_mod, workload, pos)
+            rows = rope_rows(impl, fam_mod, cos, sin, pos)  # gathered outside the timed region, like cos2/sin2
             fn = impl.rope_full if full else impl.rope_decode
             qo, ko = torch.empty_like(q), torch.empty_like(k)
             out["root_rows"] = lambda: fn(q, k, None, None, None, qo, ko, rows=rows)
             # the table lookup timed the same way (rotated sets), so table, rows and Liger compare like for like
-            cos, sin = fam_mod.rope_table(int(pos.max()) + 1, d, workload["theta"], workload.get("scaling"),
-                                          DEVICE)
             out["root_table"] = lambda: fn(q, k, cos, sin, pos, qo, ko)
             # rotating in place (q_out = q), as Liger does: same bits (tests), written back to the lines just read
             out["root_inplace"] = lambda: fn(q, k, None, None, None, q, k, rows=rows)
@@ -350,9 +349,15 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
     return out
 
 
-def rope_rows(impl, fam_mod, workload, pos):
-    cos, sin = fam_mod.rope_table(int(pos.max()) + 1, workload["head_dim"], workload["theta"], workload.get("scaling"),
-                                  DEVICE)
+OURS_AS_PEERS = ("root_rows", "root_table", "root_inplace")  # our kernel's other forms, timed like the peers
+
+
+def rope_table(fam_mod, workload, pos):
+    return fam_mod.rope_table(int(pos.max()) + 1, workload["head_dim"], workload["theta"], workload.get("scaling"),
+                              DEVICE)
+
+
+def rope_rows(impl, fam_mod, cos, sin, pos):
     return getattr(impl, "gather_rows", fam_mod.gathered)(cos, sin, pos)
 
 
@@ -363,12 +368,12 @@ def rope_rows_bitwise(impl, fam_mod, workload) -> bool:
     hq, hk, d = workload["q_heads"], workload["kv_heads"], workload["head_dim"]
     g = checks.generator(7)
     pos = torch.randint(0, workload["seq_len" if full else "context"], (T,), generator=g).to(DEVICE)
-    cos, sin = fam_mod.rope_table(int(pos.max()) + 1, d, workload["theta"], workload.get("scaling"), DEVICE)
+    cos, sin = rope_table(fam_mod, workload, pos)
     q, k = checks.randn((T, hq, d), g, torch.bfloat16, DEVICE), checks.randn((T, hk, d), g, torch.bfloat16, DEVICE)
     fn = impl.rope_full if full else impl.rope_decode
     outs = []
     for kw in ({"cos": cos, "sin": sin, "positions": pos}, {"cos": None, "sin": None, "positions": None,
-                                                            "rows": rope_rows(impl, fam_mod, workload, pos)}):
+                                                            "rows": rope_rows(impl, fam_mod, cos, sin, pos)}):
         o = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(q, dtype=torch.float32),
              torch.empty_like(k, dtype=torch.float32))
         checks.poison(*o)
@@ -420,7 +425,7 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
             if family == "rope" and fam_mod.takes_rows(impl):
                 row["rows_bitwise"] = rope_rows_bitwise(impl, fam_mod, w)
             for name, fn in peers(family, w, liger, fam_mod, impl).items():
-                if late and name not in ("torch", "root_rows", "root_table", "root_inplace"):  # ours: always timed
+                if late and name != "torch" and name not in OURS_AS_PEERS:  # ours is always timed
                     row[f"{name}_skipped"] = "time budget"
                     continue
                 try:
@@ -471,6 +476,16 @@ def run(families, out_dir: Path, all_workloads: bool = False, budget_s: float = 
     return result
 
 
+def extra_line(w: dict, name: str, label: str, eager: bool, ok: bool | None) -> None:
+    """A table line for `name`'s timing in row `w`, if it has one: x eager (if asked) and x Liger."""
+    if f"{name}_us" not in w:
+        return
+    us = w[f"{name}_us"]
+    xe = f"{w['torch_us'] / us if 'torch_us' in w else float('nan'):8.2f}" if eager else f"{'':>8}"
+    xl = w["liger_us"] / us if "liger_us" in w else float("nan")
+    print(f"{'':<12}{label:<28}{us:9.1f}{'-':>6}{'':>24}{xe}{xl:8.2f}" + ("" if ok is None else f" {'Y' if ok else 'N'}"))
+
+
 def print_table(result: dict) -> None:
     cp = result["meta"]["copy"]["GBps"]
     print(f"\ncopy ceiling {cp:.0f} GB/s | {result['meta']['gpu']} torch {result['meta']['torch']} "
@@ -492,19 +507,10 @@ def print_table(result: dict) -> None:
             print(f"{fam:<12}{w['workload']:<28}{w['root_us']:9.1f}{100 * w['root_GBps'] / cp:6.0f}"
                   f"{f('torch_us')}{f('compile_us')}{f('liger_us')}{xe:8.2f}{xl:8.2f} "
                   f"{'Y' if w.get('verify_passed') else 'N'}")
-            if "root_table_us" in w:  # the table lookup on rotated sets, as the peers are timed
-                xl = w["liger_us"] / w["root_table_us"] if "liger_us" in w else float("nan")
-                print(f"{'':<12}{'  table, rotated sets':<28}{w['root_table_us']:9.1f}{'-':>6}{'':>24}{'':>8}"
-                      f"{xl:8.2f}")
-            if "root_inplace_us" in w:  # rows, rotated in place as Liger rotates
-                xl = w["liger_us"] / w["root_inplace_us"] if "liger_us" in w else float("nan")
-                print(f"{'':<12}{'  rows, in place':<28}{w['root_inplace_us']:9.1f}{'-':>6}{'':>24}{'':>8}"
-                      f"{xl:8.2f}")
-            if "root_rows_us" in w:  # the same kernel handed pre-gathered cos/sin rows (as Liger is)
-                xe = w["torch_us"] / w["root_rows_us"] if "torch_us" in w else float("nan")
-                xl = w["liger_us"] / w["root_rows_us"] if "liger_us" in w else float("nan")
-                print(f"{'':<12}{'  + pre-gathered rows':<28}{w['root_rows_us']:9.1f}{'-':>6}{'':>24}{xe:8.2f}"
-                      f"{xl:8.2f} {'Y' if w.get('rows_bitwise') else 'N'}")
+            # our kernel's other forms (rope), timed on rotated sets as the peers are
+            extra_line(w, "root_table", "  table, rotated sets", eager=False, ok=None)
+            extra_line(w, "root_inplace", "  rows, in place", eager=False, ok=None)
+            extra_line(w, "root_rows", "  + pre-gathered rows", eager=True, ok=w.get("rows_bitwise"))
         print(f"{'':<12}bitwise/reference checks on {DEVICE}: {cons['checks'] - len(cons['failed'])}/{cons['checks']} "
               f"passed ({r['consistency_s']} s)")
 
