@@ -82,6 +82,7 @@ class EvaluateConfig:
     retime_best: bool = True  # time the current best in the same audit, on the same device
     gpu_index: int = 0
     executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks)
+    check_procs: int = 0  # processes for the full correctness stage (0: half the CPUs, at most 8; 1: in-worker)
 
 
 @dataclass
@@ -248,6 +249,8 @@ def _validate(cfg: DictConfig, path: Path) -> None:
             raise ConfigError(f"{path}: key {key!r}: must be positive")
     if not cfg.correctness.seeds:
         raise ConfigError(f"{path}: key 'correctness.seeds': at least one seed is needed")
+    if cfg.evaluate.check_procs < 0:
+        raise ConfigError(f"{path}: key 'evaluate.check_procs': must be 0 (auto) or a positive count")
     for key in ("search.max_evaluations", "search.kappa_threshold", "search.frontier_size"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{path}: key {key!r}: must be at least 1")

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tik_evo import shards
 from tik_evo.candidate import load_module
 
 # Triton raises these when a (legal) knob choice cannot be built; OutOfResources when it builds but does not fit
@@ -78,7 +79,6 @@ def run(job: dict[str, Any]) -> None:
     from tik_evo import timing
     from tik_evo.families import load_family
 
-    res.data["device"] = _device_info(device)
     family = load_family(job["family"])
 
     t0 = time.time()
@@ -86,22 +86,41 @@ def run(job: dict[str, Any]) -> None:
         impl = load_module(job["source_path"], "tik_candidate")
         best = load_module(job["best_path"], "tik_best") if job.get("best_path") else None
     except Exception:
+        res.data["device"] = _device_info(device)
         res.stage("import", False, t0, error=traceback.format_exc(limit=5), kind="import")
         return
     res.stage("import", True, t0)
+    # The full stage's shards fork now: before anything here touches CUDA, and so that their compiles overlap
+    # the small stage.
+    n_full = len(family.check_cases("full"))
+    procs = shards.count(int(job["evaluate"].get("check_procs", 0)), n_full)
+    import torch
+
+    forked = shards.start(job, impl, n_full, procs, Path(job["result_path"]).parent) \
+        if procs > 1 and not torch.cuda.is_initialized() else []
+    res.data["device"] = _device_info(device)
+    res.data["device"]["check_procs"] = max(len(forked), 1)
 
     seeds = job["seeds"]
     for level, seed_list in (("small", seeds[:1]), ("full", seeds)):
         t0 = time.time()
         checks: list = []
-        try:
-            for case in family.check_cases(level):
-                for seed in seed_list:
-                    checks += family.run_checks(impl, case, seed, device)
-        except Exception as e:
-            res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=error_kind(e))
-            return
+        if level == "full" and forked:
+            checks, error, kind = shards.collect(forked, n_full)
+            if error:
+                res.stage(level, False, t0, checks, error=error, kind=kind)
+                return
+        else:
+            try:
+                for case in family.check_cases(level):
+                    for seed in seed_list:
+                        checks += family.run_checks(impl, case, seed, device)
+            except Exception as e:
+                shards.stop(forked)
+                res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=error_kind(e))
+                return
         if not res.stage(level, all(c.passed for c in checks), t0, checks, kind=_failed_kind(checks)):
+            shards.stop(forked)
             return
 
     if not job.get("time", True):

@@ -15,9 +15,9 @@ WORKLOADS = [{"name": "full", "phase": "full", "tokens": 4, "hidden": 256},
              {"name": "decode", "phase": "decode", "batch": 2, "hidden": 256}]
 
 
-def audit(tmp_path, src, timeout=120, time_it=False, executor="auto"):
-    job = AuditJob(FAMILY, src, source_hash(src), "I1", WORKLOADS, [0], {"timeout_s": timeout,
-                   "interpreter_reps": 1, "executor": executor}, "cpu", time=time_it)
+def audit(tmp_path, src, timeout=120, time_it=False, executor="auto", check_procs=0, seeds=(0,)):
+    job = AuditJob(FAMILY, src, source_hash(src), "I1", WORKLOADS, list(seeds), {"timeout_s": timeout,
+                   "interpreter_reps": 1, "executor": executor, "check_procs": check_procs}, "cpu", time=time_it)
     return run_audit(tmp_path, job)
 
 
@@ -63,6 +63,59 @@ def test_os_abort_is_a_crash_not_a_dead_run(tmp_path, executor):
         staticscan.scan = original
     assert out.failure_kind == "crash" and "SIGABRT" in out.failure
     assert audit(tmp_path, ROOT_SRC, executor=executor).passed  # the next audit is unaffected
+
+
+def _full(out):
+    return next(s for s in out.stages if s["name"] == "full")
+
+
+@pytest.mark.parametrize("executor", ["spawn", "forkserver"])
+def test_full_stage_split_over_processes_reads_as_in_worker(tmp_path, executor):
+    one = audit(tmp_path / "one", ROOT_SRC, check_procs=1, seeds=(0, 1))
+    three = audit(tmp_path / "three", ROOT_SRC, check_procs=3, seeds=(0, 1), executor=executor)
+    assert one.passed and three.passed, (one.failure, three.failure)
+    assert one.device["check_procs"] == 1 and three.device["check_procs"] == 3
+    # Same checks in the same (case, seed) order, with the same evidence.
+    assert _full(three)["checks"] == _full(one)["checks"]
+    assert len({c["name"] for c in _full(one)["checks"]}) == len(_full(one)["checks"]) > 0
+    assert sorted((tmp_path / "three" / "audits" / "I1").glob("shard*.json"))
+
+
+# Case 1 of rmsnorm's full level has hidden 1000 (the small level never does).
+IN_CASE_1 = "    if x.shape[-1] == 1000:\n    {}\n"
+
+
+def test_error_in_a_shard_names_its_case_and_keeps_earlier_cases(tmp_path):
+    src = with_body(IN_CASE_1.format("    raise RuntimeError('boom in case 1')"))
+    serial, split = audit(tmp_path / "a", src, check_procs=1), audit(tmp_path / "b", src, check_procs=3)
+    for out in (serial, split):
+        assert out.failure_kind == "exception" and "boom in case 1" in out.failure
+    # Checks of case 0 kept, none of cases 1 and 2: what the in-worker loop keeps.
+    assert _full(split)["checks"] == _full(serial)["checks"]
+    assert _full(split)["checks"] and all("1000" not in c["name"] for c in _full(split)["checks"])
+
+
+def test_crash_in_a_shard_is_a_crash_of_its_case(tmp_path):
+    from tik_evo import staticscan
+
+    src = with_body(IN_CASE_1.format("    __import__('os').abort()"))
+    original = staticscan.scan
+    try:
+        staticscan.scan = lambda *a, **k: []
+        out = audit(tmp_path, src, check_procs=3)
+    finally:
+        staticscan.scan = original
+    assert out.failure_kind == "crash" and "SIGABRT" in out.failure and "case 1" in out.failure, out.failure
+    assert _full(out)["checks"]  # case 0's
+
+
+def test_shard_counts():
+    from tik_evo import shards
+
+    assert shards.count(0, 7, cpus=16) == 7 and shards.count(0, 20, cpus=64) == shards.MAX_AUTO
+    assert shards.count(0, 3, cpus=2) == 1  # two CPUs: the stage stays in the worker
+    assert shards.count(4, 2) == 2 and shards.count(1, 9) == 1
+    assert shards.deal(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
 
 
 def test_raising_candidate(tmp_path):

@@ -1,0 +1,128 @@
+"""Host time per attention call on a GPU: how long Python takes to launch one prefill or decode, against torch SDPA.
+
+    python3 benchmarks/attention_host_time_gpu.py [--variants root,hopper_ws_s512] --out F.json
+
+Each entry point runs N times back to back on a small shape whose GPU time is far below its host time, then
+synchronises once: wall time / N is the host time per call. CUDA-graph replays of the same call give its GPU
+time. A profile (cProfile, the top functions by own time) says where the host time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import math
+import pstats
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+try:
+    import tik_evo  # noqa: F401
+except ImportError:  # a bare GPU image: load only the engine modules the bench uses
+    pkg = types.ModuleType("tik_evo")
+    pkg.__path__ = [str(ROOT / "tik_evo")]
+    sys.modules["tik_evo"] = pkg
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import triton  # noqa: E402
+
+from kernels.attention.bench import VARIANTS, load_variant  # noqa: E402
+from tik_evo.timing import graph_replay_us  # noqa: E402
+
+HQ, HKV, D = 32, 8, 128
+
+
+def host_us(fn, n: int) -> float:
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def profile_top(fn, n: int, top: int = 14) -> list[str]:
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    s = io.StringIO()
+    pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(top)
+    return [line for line in s.getvalue().splitlines() if line.strip()][-top - 1:]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--variants", default="root,hopper_ws_s512")
+    ap.add_argument("--n", type=int, default=500)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(0)
+    scale = 1.0 / math.sqrt(D)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g, device=dev, dtype=torch.bfloat16)
+
+    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
+              "torch": torch.__version__, "triton": triton.__version__, "n": args.n, "rows": []}
+    # Prefill B1 S512 (and 2K for the Gluon kernel, forced); decode B1 over a 1K cache.
+    S = 512
+    q, k, v = rnd(1, HQ, S, D), rnd(1, HKV, S, D), rnd(1, HKV, S, D)
+    out = torch.empty_like(q)
+    qd, kc, vc = rnd(1, HQ, 1, D), rnd(1, HKV, 1024, D), rnd(1, HKV, 1024, D)
+    ctx = torch.tensor([1024], dtype=torch.int32, device=dev)
+    od = torch.empty_like(qd)
+    kr, vr = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
+    kcr, vcr = kc.repeat_interleave(HQ // HKV, 1), vc.repeat_interleave(HQ // HKV, 1)
+    calls: dict[str, object] = {}
+    for be, name in ((torch.nn.attention.SDPBackend.CUDNN_ATTENTION, "cudnn"),
+                     (torch.nn.attention.SDPBackend.FLASH_ATTENTION, "flash")):
+        def peer(be=be):
+            with torch.nn.attention.sdpa_kernel(be):
+                F.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=scale)
+        calls[f"sdpa_{name} prefill"] = peer
+
+    def sdpa_decode():
+        F.scaled_dot_product_attention(qd, kcr, vcr, scale=scale)
+    calls["sdpa decode"] = sdpa_decode
+    tmp = Path(tempfile.mkdtemp())
+    for name in args.variants.split(","):
+        mod, _ = load_variant(name, VARIANTS[name], tmp)
+        calls[f"{name} prefill"] = lambda mod=mod: mod.prefill(q, k, v, scale, out)
+        calls[f"{name} decode"] = lambda mod=mod: mod.decode(qd, kc, vc, ctx, scale, od)
+        if mod.KNOBS["FULL_IMPL"] != "triton":
+            gl_mod, _ = load_variant(name + "_gluon", {**VARIANTS[name], "FULL_IMPL": "gluon_ws"}, tmp)
+            calls[f"{name} prefill (Gluon forced)"] = lambda mod=gl_mod: mod.prefill(q, k, v, scale, out)
+    for label, fn in calls.items():
+        fn()
+        torch.cuda.synchronize()
+        row = {"call": label, "host_us": host_us(fn, args.n), "gpu_us": graph_replay_us(fn)}
+        row["host_us_again"] = host_us(fn, args.n)
+        if not label.startswith("sdpa"):
+            row["profile"] = profile_top(fn, 200)
+        report["rows"].append(row)
+        print(f"{label:>40}: host {row['host_us']:6.1f} / {row['host_us_again']:6.1f} us per call, "
+              f"GPU {row['gpu_us']:6.1f} us", flush=True)
+    for row in report["rows"]:
+        if "profile" in row:
+            print(f"--- {row['call']}\n" + "\n".join(row["profile"][:10]))
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,170 @@
+"""Check shards: the audit's full correctness stage split by check case over forked processes on one device.
+
+Compiling the candidate's kernels for every case's shapes is most of that stage (H200, attention root: 54 s
+with a cold Triton cache against 3 s warm, `results/engine/audit_profile_*`), and compiling is CPU work, so
+processes do it side by side. The worker forks the shards first thing, while CUDA is still uninitialised (a
+forked child cannot use its parent's context), so their compiles overlap the small stage. A shard runs whole
+cases (a case's seeds share its compiled kernels) and rewrites its result file after each one; the worker
+merges them in (case, seed) order, so the stage record is the one the in-process loop would write. Shards stay
+in the worker's process group and die with it: an audit timeout or a dead worker takes them down too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from tik_evo.family import Check
+
+MAX_AUTO = 8
+
+
+def count(setting: int, n_cases: int, cpus: int | None = None) -> int:
+    """Shards for ``n_cases`` cases: ``setting`` (evaluate.check_procs) if positive, else half the CPUs, at most
+    MAX_AUTO; never more than the cases. 1 means the stage runs in the worker itself."""
+    if setting > 0:
+        return max(1, min(setting, n_cases))
+    return max(1, min(n_cases, (cpus or os.cpu_count() or 1) // 2, MAX_AUTO))
+
+
+def deal(n_cases: int, shards: int) -> list[list[int]]:
+    """Cases per shard, dealt in turn (the family lists cases roughly by size, so big ones spread out)."""
+    return [list(range(i, n_cases, shards)) for i in range(shards)]
+
+
+@dataclass
+class Shard:
+    pid: int
+    cases: list[int]
+    result: Path
+    log: Path
+
+
+def start(job: dict[str, Any], impl: ModuleType, n_cases: int, shards: int, work: Path) -> list[Shard]:
+    """Fork one process per share of the cases; each uses the candidate module ``impl`` as loaded. Call before
+    anything initialises CUDA."""
+    out = []
+    for i, cases in enumerate(deal(n_cases, shards)):
+        result, log = work / f"shard{i}.json", work / f"shard{i}.log"
+        result.unlink(missing_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(job, impl, cases, result, log)
+        out.append(Shard(pid, cases, result, log))
+    return out
+
+
+def stop(shards: list[Shard]) -> None:
+    """Kill and reap the shards not yet collected (the small stage failed: the full stage will not run)."""
+    live = [s for s in shards if s.pid]
+    for s in live:
+        try:
+            os.kill(s.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for s in live:
+        _reap(s.pid)
+        s.pid = 0
+
+
+def collect(shards: list[Shard], n_cases: int) -> tuple[list[Check], str, str]:
+    """Wait for every shard; return (checks in case order, error text, failure kind). As in the in-process
+    loop, an error in case c keeps the checks of the cases before it and drops the rest."""
+    by_case: dict[int, list[Check]] = {}
+    errors: dict[int, tuple[str, str]] = {}
+    for s in shards:
+        code = _reap(s.pid)
+        s.pid = 0
+        data = _read(s.result)
+        for c, checks in data.get("cases", {}).items():
+            by_case[int(c)] = [Check(d["name"], d["passed"], d["kind"], d["details"]) for d in checks]
+        if data.get("error"):
+            errors[data["error"]["case"]] = (data["error"]["text"], data["error"]["kind"])
+        elif not data.get("done"):  # died without a word: a crash, at its first case without results
+            first = next((c for c in s.cases if c not in by_case), s.cases[0])
+            how = f"died of {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
+                else f"exited with code {code}"
+            errors[first] = (f"check shard of cases {s.cases} {how} in case {first}; log tail:\n{_tail(s.log)}",
+                             "crash")
+    stop_at = min(errors, default=n_cases)
+    checks = [c for case in range(min(stop_at, n_cases)) for c in by_case.get(case, [])]
+    text, kind = errors.get(stop_at, ("", ""))
+    return checks, text, kind
+
+
+def _child(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path, log: Path) -> None:
+    from tik_evo.executor import die_with_parent
+
+    die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    code = 0
+    try:
+        run(job, impl, cases, result)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path) -> None:
+    """A shard's work: its cases at the "full" level, every seed; the result file rewritten after each case."""
+    from tik_evo.families import load_family
+    from tik_evo.worker import error_kind
+
+    family = load_family(job["family"])
+    all_cases = family.check_cases("full")
+    data: dict[str, Any] = {"cases": {}, "error": None, "done": False}
+    for c in cases:
+        checks: list[Check] = []
+        try:
+            for seed in job["seeds"]:
+                checks += family.run_checks(impl, all_cases[c], seed, job["device"])
+        except Exception as e:
+            data["error"] = {"case": c, "text": traceback.format_exc(limit=6), "kind": error_kind(e)}
+            _write(result, data)
+            return
+        data["cases"][str(c)] = [ch.to_dict() for ch in checks]
+        _write(result, data)
+    data["done"] = True
+    _write(result, data)
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _reap(pid: int) -> int:
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return 0
+    return os.waitstatus_to_exitcode(status)
+
+
+def _tail(log: Path, n: int = 1500) -> str:
+    try:
+        return log.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
