@@ -823,10 +823,21 @@ def _qk_scale(sm_scale: float) -> float:
     return float(sm_scale) * LOG2E
 
 
+_DEVICE: dict[int, tuple[int, int]] = {}  # device index -> (SMs, major capability): read once, every call needs them
+
+
+def _device(device: torch.device) -> tuple[int, int]:
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _DEVICE:
+        _DEVICE[idx] = (torch.cuda.get_device_properties(idx).multi_processor_count,
+                        torch.cuda.get_device_capability(idx)[0])
+    return _DEVICE[idx]
+
+
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 1  # the interpreter: CPU tests then reach several chunks per program
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _device(device)[0]
 
 
 def _tma_alloc(size, alignment, stream):
@@ -874,7 +885,7 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     128, contiguous aligned tensors) and return True; else False and the caller runs Triton."""
     B, HQ, S, D = q.shape
     bn = KNOBS["BLOCK_N"]
-    if not (q.is_cuda and torch.cuda.get_device_capability(q.device)[0] == 9 and D in (64, 128)
+    if not (q.is_cuda and _device(q.device)[1] == 9 and D in (64, 128)
             and KNOBS["ROW_SUM"] == "reduce" and 128 % bn == 0
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))):
         return False
