@@ -127,7 +127,7 @@ def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
     timeout = float(job.evaluate.get("timeout_s", 300))
     rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", timeout)
 
-    data = _read_result(result_path)
+    data = read_result(result_path)
     out.stages += data.get("stages", [])
     out.measurements = data.get("measurements", {})
     out.best_retimed = data.get("best_retimed", {})
@@ -157,7 +157,7 @@ def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
     return out
 
 
-def _read_result(path: Path) -> dict[str, Any]:
+def read_result(path: Path) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):

@@ -14,7 +14,9 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 from pathlib import Path
+from typing import NoReturn
 
 
 def die_with_parent() -> None:
@@ -25,6 +27,25 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the timeout still bounds every audit while the engine lives
+
+
+def forked_child(log_path: str | Path, body) -> NoReturn:
+    """The end of a forked child's life: output to ``log_path``, run ``body()``, exit with its status through
+    ``os._exit`` (never the parent's exit handlers: atexit, pytest's)."""
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    code = 0
+    try:
+        body()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _kill_group(pid: int) -> None:

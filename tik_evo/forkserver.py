@@ -5,38 +5,27 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 
 import torch  # noqa: F401  - the point of the server: pay these imports once
 import triton  # noqa: F401
 import triton.language  # noqa: F401
 
 from tik_evo import worker
-from tik_evo.executor import die_with_parent
+from tik_evo.executor import die_with_parent, forked_child
 
 
 def _child(job_path: str, log_path: str, proto: int) -> None:
     os.setsid()  # own process group: a timeout kills the job and anything it started
     die_with_parent()  # the server dies with the engine, the job with the server
     os.close(proto)
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.chdir(os.path.dirname(job_path))
-    code = 0
-    try:
+
+    def job() -> None:
         with open(job_path) as fh:
             worker.run(json.load(fh))
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+
+    forked_child(log_path, job)
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from tik_evo.audit import read_result
 from tik_evo.family import Check
 
 MAX_AUTO = 8
@@ -84,7 +85,7 @@ def collect(shards: list[Shard], n_cases: int) -> tuple[list[Check], str, str]:
     for s in shards:
         code = _reap(s.pid)
         s.pid = 0
-        data = _read(s.result)
+        data = read_result(s.result)
         for c, checks in data.get("cases", {}).items():
             by_case[int(c)] = [Check(d["name"], d["passed"], d["kind"], d["details"]) for d in checks]
         if data.get("error"):
@@ -102,21 +103,10 @@ def collect(shards: list[Shard], n_cases: int) -> tuple[list[Check], str, str]:
 
 
 def _child(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path, log: Path) -> None:
-    from tik_evo.executor import die_with_parent
+    from tik_evo.executor import die_with_parent, forked_child
 
     die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    code = 0
-    try:
-        run(job, impl, cases, result)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    forked_child(log, lambda: run(job, impl, cases, result))
 
 
 def run(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path) -> None:
@@ -146,13 +136,6 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data))
     tmp.replace(path)
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 def _reap(pid: int) -> int:
