@@ -70,6 +70,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # SDPA, B1 ctx 8K 14.5-14.6 us).
 VARIANTS["hopper_ws_s512"] = {**VARIANTS["hopper_ws"], "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": 0,
                               "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LAUNCH": "auto"}
+# The same with 128-key blocks and the serial Gluon schedule (a contract change: the overlapped schedule spills at
+# 128): prefill 0.923x cuDNN by geomean (0.849 at 64), B1 4K faster than cuDNN, but decode 0.916x SDPA (run 31).
+VARIANTS["hopper_ws_bn128"] = {**VARIANTS["hopper_ws_s512"], "BLOCK_N": 128, "FULL_WS_SCHEDULE": "serial"}
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.
 SWEEP: dict[str, dict[str, Any]] = {

@@ -877,7 +877,9 @@ def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int
         slots = min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - q_tiles * cons * 64 * head_d * 2 - fixed) // per_slot)
         if slots >= 2:
             return cons, q_tiles, acc_smem, slots
-    raise ValueError(f"FULL_WS_CONSUMERS={cons} does not fit in shared memory at head dim {head_d}")
+    # Triton's own error type: the audit files it as "resources" (a legal choice that does not fit), not a bug.
+    need = cons * 64 * head_d * 2 + fixed + 2 * per_slot  # one query tile, two slots
+    raise triton.runtime.errors.OutOfResources(need, WS_SMEM_BYTES, "shared memory")
 
 
 def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:

@@ -659,6 +659,14 @@ def test_gluon_prefill_shared_memory_plan():
         assert used <= mod.WS_SMEM_BYTES - 1024
         regs, loader, launch = mod.WS_REGS[cons]
         assert cons * regs * 128 + loader * 128 <= 65536 and launch * 32 * 4 * (cons + 1) <= 65536
+    # A plan that does not fit is Triton's OutOfResources, which the audit files as "resources" (campaign 6 drew
+    # 128-key blocks with three consumers twice).
+    from tik_evo.worker import error_kind
+
+    mod = load(with_knobs(FAMILY.root_source(), FULL_WS_CONSUMERS=3))
+    with pytest.raises(Exception) as e:
+        mod._ws_plan(128, 128, 1024)
+    assert error_kind(e.value) == "resources" and e.value.required > mod.WS_SMEM_BYTES, e.value
 
 
 def test_gluon_prefill_falls_back_to_triton_where_it_does_not_apply():

@@ -10,9 +10,9 @@ import pytest
 from kernels.linear import FAMILY
 
 _load, failures = _family.loader(FAMILY)
-# The CPU shapes are tiny (k up to 1088), so the tests size their K splits down (K_CHUNK 512, ...). The root's
-# weight-size gates (K_CHUNK_MIN_K, K_CHUNK_SHORT: sized for model weights) would leave those splits unused, so
-# every variant below starts with them off unless it sets them; the root itself is tested as it is.
+# The CPU shapes are tiny (k up to 1088), so the tests size their K splits down (K_CHUNK 512, ...). Weight-size
+# gates a root may carry (K_CHUNK_MIN_K, K_CHUNK_SHORT: sized for model weights) would leave those splits unused,
+# so every variant below starts with them off unless it sets them; the root itself is tested as it is.
 SCALED = {"K_CHUNK_MIN_K": 0, "K_CHUNK_SHORT": 0}
 
 
@@ -128,15 +128,13 @@ def test_workloads_validate():
 
 def test_root_schedule_follows_the_launch_shape():
     # Schedule choices (no bits depend on them) as the root makes them at model shapes: full tiles for large
-    # decode batches only when they fill the GPU, parallel K chunks only for decode launches of at most 128 rows,
-    # the pipeline depth of the full path by K.
+    # decode batches only when they fill the GPU, parallel K chunks only for weights with K > K_CHUNK and decode
+    # launches of at most 128 rows, the pipeline depth of the full path by K.
     sch = load()._schedule
     qkv256, o256 = sch(256, 6144, 2560, "DECODE"), sch(256, 2560, 4096, "DECODE")
     assert (qkv256["bm"], qkv256["bn"], qkv256["warps"]) == (128, 128, 8)  # 96 programs
-    # o (K 4096: two 2048-column chunks): 80 in-program 64x128 tiles, one wave
-    assert (o256["bm"], o256["bn"], o256["n_chunks"], o256["parallel"]) == (64, 128, 2, False)
-    o64 = sch(64, 2560, 4096, "DECODE")
-    assert (o64["bn"], o64["parallel"]) == (64, True)  # 40 tiles x 2 chunks: 80 programs of half the K
+    assert (o256["bm"], o256["bn"]) == (64, 128)  # 128x128: 40 programs; 64x64: 160, two waves of 132
+    assert sch(64, 2560, 4096, "DECODE")["bn"] == 32  # 80 programs of 64x32 beat 40 of 64x64
     assert sch(64, 6144, 2560, "DECODE")["bn"] == 64  # 96 programs already
     down256 = sch(256, 2560, 9728, "DECODE")
     assert not down256["parallel"] and down256["n_chunks"] == 3 and down256["bn"] == 128  # 80 tiles in-program
@@ -145,11 +143,9 @@ def test_root_schedule_follows_the_launch_shape():
     assert one["parallel"] and one["bm"] == 16 and one["unroll"] == 4
     assert sch(4096, 2560, 9728, "FULL")["flat"] and sch(4096, 2560, 9728, "FULL")["stages"] == 5
     assert sch(4096, 6144, 2560, "FULL")["stages"] == 3 and sch(4096, 6144, 2560, "FULL")["n_chunks"] == 1
-    # Persistent programs only for one-chunk, deep-pipeline launches of the full path (K >= 4096 weights are all
-    # chunked now), and never in decode.
+    # Persistent programs only for the one-chunk, deep-pipeline launches of the full path.
     assert [sch(4096, n, k, "FULL")["persistent_per_sm"] for n, k in ((2560, 4096), (6144, 2560), (2560, 9728))] \
-        == [0, 0, 0]
-    assert load("whole_o", K_CHUNK_MIN_K=4096)._schedule(4096, 2560, 4096, "FULL")["persistent_per_sm"] == 1
+        == [1, 0, 0]
     assert sch(256, 2560, 4096, "DECODE")["persistent_per_sm"] == 0
 
 
