@@ -32,7 +32,9 @@ def count(setting: int, n_cases: int, cpus: int | None = None) -> int:
     MAX_AUTO; never more than the cases. 1 means the stage runs in the worker itself."""
     if setting > 0:
         return max(1, min(setting, n_cases))
-    return max(1, min(n_cases, (cpus or os.cpu_count() or 1) // 2, MAX_AUTO))
+    if not cpus:  # the CPUs this process may run on (a container's share, not the host's count)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(n_cases, cpus // 2, MAX_AUTO))
 
 
 def deal(n_cases: int, shards: int) -> list[list[int]]:
@@ -77,11 +79,25 @@ def stop(shards: list[Shard]) -> None:
         s.pid = 0
 
 
-def collect(shards: list[Shard], n_cases: int) -> tuple[list[Check], str, str]:
-    """Wait for every shard; return (checks in case order, error text, failure kind). As in the in-process
-    loop, an error in case c keeps the checks of the cases before it and drops the rest."""
+# A shard that runs out of GPU memory beside the others is no verdict on the candidate: the worker runs the
+# cases from there on itself, once the other shards have exited and freed theirs.
+RETRY_IN_WORKER = {"OutOfMemoryError"}
+
+
+@dataclass
+class Collected:
+    checks: list[Check]  # in (case, seed) order, up to the first case with an error
+    error: str = ""  # that error (traceback or crash report), "" if none
+    kind: str = ""  # its failure kind
+    case: int = 0  # the case it happened in
+    type: str = ""  # the exception's type name, if it raised
+
+
+def collect(shards: list[Shard], n_cases: int) -> Collected:
+    """Wait for every shard and merge their checks. As in the in-process loop, an error in case c keeps the
+    checks of the cases before it and drops the rest."""
     by_case: dict[int, list[Check]] = {}
-    errors: dict[int, tuple[str, str]] = {}
+    errors: dict[int, tuple[str, str, str]] = {}
     for s in shards:
         code = _reap(s.pid)
         s.pid = 0
@@ -89,17 +105,18 @@ def collect(shards: list[Shard], n_cases: int) -> tuple[list[Check], str, str]:
         for c, checks in data.get("cases", {}).items():
             by_case[int(c)] = [Check(d["name"], d["passed"], d["kind"], d["details"]) for d in checks]
         if data.get("error"):
-            errors[data["error"]["case"]] = (data["error"]["text"], data["error"]["kind"])
+            e = data["error"]
+            errors[e["case"]] = (e["text"], e["kind"], e.get("type", ""))
         elif not data.get("done"):  # died without a word: a crash, at its first case without results
             first = next((c for c in s.cases if c not in by_case), s.cases[0])
             how = f"died of {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() \
                 else f"exited with code {code}"
             errors[first] = (f"check shard of cases {s.cases} {how} in case {first}; log tail:\n{_tail(s.log)}",
-                             "crash")
+                             "crash", "")
     stop_at = min(errors, default=n_cases)
     checks = [c for case in range(min(stop_at, n_cases)) for c in by_case.get(case, [])]
-    text, kind = errors.get(stop_at, ("", ""))
-    return checks, text, kind
+    text, kind, type_ = errors.get(stop_at, ("", "", ""))
+    return Collected(checks, text, kind, stop_at, type_)
 
 
 def _child(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path, log: Path) -> None:
@@ -123,7 +140,8 @@ def run(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path) -
             for seed in job["seeds"]:
                 checks += family.run_checks(impl, all_cases[c], seed, job["device"])
         except Exception as e:
-            data["error"] = {"case": c, "text": traceback.format_exc(limit=6), "kind": error_kind(e)}
+            data["error"] = {"case": c, "text": traceback.format_exc(limit=6), "kind": error_kind(e),
+                             "type": type(e).__name__}
             _write(result, data)
             return
         data["cases"][str(c)] = [ch.to_dict() for ch in checks]

@@ -105,20 +105,24 @@ def run(job: dict[str, Any]) -> None:
     for level, seed_list in (("small", seeds[:1]), ("full", seeds)):
         t0 = time.time()
         checks: list = []
+        todo = family.check_cases(level)
         if level == "full" and forked:
-            checks, error, kind = shards.collect(forked, n_full)
-            if error:
-                res.stage(level, False, t0, checks, error=error, kind=kind)
+            got = shards.collect(forked, n_full)
+            checks, todo = got.checks, []
+            if got.type in shards.RETRY_IN_WORKER:
+                todo = family.check_cases(level)[got.case:]
+                res.data["device"]["checks_rerun_in_worker_from_case"] = got.case
+            elif got.error:
+                res.stage(level, False, t0, checks, error=got.error, kind=got.kind)
                 return
-        else:
-            try:
-                for case in family.check_cases(level):
-                    for seed in seed_list:
-                        checks += family.run_checks(impl, case, seed, device)
-            except Exception as e:
-                shards.stop(forked)
-                res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=error_kind(e))
-                return
+        try:
+            for case in todo:
+                for seed in seed_list:
+                    checks += family.run_checks(impl, case, seed, device)
+        except Exception as e:
+            shards.stop(forked)
+            res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=error_kind(e))
+            return
         if not res.stage(level, all(c.passed for c in checks), t0, checks, kind=_failed_kind(checks)):
             shards.stop(forked)
             return

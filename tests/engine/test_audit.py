@@ -109,6 +109,20 @@ def test_crash_in_a_shard_is_a_crash_of_its_case(tmp_path):
     assert _full(out)["checks"]  # case 0's
 
 
+def test_shard_out_of_gpu_memory_reruns_in_the_worker(tmp_path):
+    # Contexts of several shards may not fit a small GPU together: a shard's OutOfMemoryError is no verdict on the
+    # candidate. This one runs out in a process's first decode call at hidden 1000 (case 1): in its shard; the
+    # worker's small stage has called decode before, so the rerun there passes.
+    src = with_body("    if x.shape[-1] == 1000 and not _CALLS:\n"
+                    "        raise torch.OutOfMemoryError('CUDA out of memory (test)')\n"
+                    "    _CALLS.append(1)\n") + "\n_CALLS = []\n"
+    out = audit(tmp_path, src, check_procs=3)
+    assert out.passed, out.failure
+    assert out.device["checks_rerun_in_worker_from_case"] == 1
+    serial = audit(tmp_path / "serial", ROOT_SRC, check_procs=1)
+    assert [c["name"] for c in _full(out)["checks"]] == [c["name"] for c in _full(serial)["checks"]]
+
+
 def test_shard_counts():
     from tik_evo import shards
 
