@@ -108,9 +108,8 @@ def run(job: dict[str, Any]) -> None:
         todo = family.check_cases(level)
         if level == "full" and forked:
             got = shards.collect(forked, n_full)
-            checks, todo = got.checks, []
+            checks, todo = got.checks, todo[got.case:]  # empty unless a shard stopped early
             if got.type in shards.RETRY_IN_WORKER:
-                todo = family.check_cases(level)[got.case:]
                 res.data["device"]["checks_rerun_in_worker_from_case"] = got.case
             elif got.error:
                 res.stage(level, False, t0, checks, error=got.error, kind=got.kind)

@@ -9,15 +9,7 @@ import pytest
 
 from kernels.linear import FAMILY
 
-_load, failures = _family.loader(FAMILY)
-# The CPU shapes are tiny (k up to 1088), so the tests size their K splits down (K_CHUNK 512, ...). Weight-size
-# gates a root may carry (K_CHUNK_MIN_K, K_CHUNK_SHORT: sized for model weights) would leave those splits unused,
-# so every variant below starts with them off unless it sets them; the root itself is tested as it is.
-SCALED = {"K_CHUNK_MIN_K": 0, "K_CHUNK_SHORT": 0}
-
-
-def load(tag="root", source_edit=None, **knobs):
-    return _load(tag, source_edit, **({**SCALED, **knobs} if knobs else {}))
+load, failures = _family.loader(FAMILY)
 
 
 def test_root_passes_all_cases():
