@@ -15,6 +15,7 @@ import functools
 import importlib.util
 import json
 import math
+import re
 import sys
 import tempfile
 import time
@@ -73,6 +74,10 @@ VARIANTS["hopper_ws_s512"] = {**VARIANTS["hopper_ws"], "SPLIT_TOKENS": 512, "DEC
 # The same with 128-key blocks and the serial Gluon schedule (a contract change: the overlapped schedule spills at
 # 128): prefill 0.923x cuDNN by geomean (0.849 at 64), B1 4K faster than cuDNN, but decode 0.916x SDPA (run 31).
 VARIANTS["hopper_ws_bn128"] = {**VARIANTS["hopper_ws_s512"], "BLOCK_N": 128, "FULL_WS_SCHEDULE": "serial"}
+# And with 1024-token chunks (contract): the best prefill measured, 0.934x cuDNN (graphs 0.940), B1 16K 3.78-3.91 ms
+# against cuDNN's 3.80-3.81, but decode 0.880x SDPA (runs 34-35). Its short Triton launches spill at 128-key
+# blocks; FULL_IMPL="gluon_ws" runs them faster than cuDNN on the GPU (graphs) but pays the Gluon launch's host time.
+VARIANTS["hopper_bn128_s1024"] = {**VARIANTS["hopper_ws_bn128"], "SPLIT_TOKENS": 1024}
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.
 SWEEP: dict[str, dict[str, Any]] = {
@@ -312,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="time every cell of workloads/attention_grid.yaml (48) and report per-phase geomeans "
                          "against the peers")
     ap.add_argument("--decode-only", action="store_true", help="time the decode cells only (no prefill cells)")
+    ap.add_argument("--cells", default=None, metavar="REGEX",
+                    help="time only the cells whose name matches (e.g. 'S1024|S1152' or 'decode B1 '); the "
+                         "geomeans then cover those cells")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("tik-evo bench attention needs a CUDA GPU", file=sys.stderr)
@@ -380,6 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     decode_cells = DECODE_CELLS[:1] + DECODE_CELLS[4:] if args.sweep else DECODE_CELLS
     if args.grid:
         decode_cells, grid_prefill = grid_cells()
+    wanted = re.compile(args.cells).search if args.cells else (lambda name: True)
+    decode_cells = [(B, ctx) for B, ctx in decode_cells if wanted(f"decode B{B} ctx{ctx}")]
     for B, ctx in decode_cells:
         if left() < 20:
             report["skipped"].append(f"decode B{B} ctx{ctx}")
@@ -394,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = grid_prefill
     if args.decode_only:
         cells = []
+    cells = [(phase, B, S) for phase, B, S in cells if wanted(f"{phase} B{B} S{S}")]
     for phase, B, S in cells:
         if left() < 25:
             report["skipped"].append(f"{phase} B{B} S{S}")

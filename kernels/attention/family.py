@@ -90,6 +90,9 @@ class AttentionFamily(Family):
              "Gluon prefill: consumer warpgroups per tile (64 query rows each: 128- or 192-row tiles). Three "
              "keep the merged split-KV accumulator in shared memory (registers allow about 160 a thread) and, at "
              "head dim 128, hold one query tile and two K/V slots: measured 14% slower there on an H200 (run 29)"),
+        Knob("FULL_WS_QUERY_TILES", (2, 1), "full",
+             "Gluon prefill: query tiles in shared memory; two let the loader fetch the next tile's query during "
+             "this one, one leaves that room to K/V slots (FULL_WS_BUFFERS still caps them)"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "
@@ -153,7 +156,7 @@ class AttentionFamily(Family):
                             paths=("full",),
                             knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT", "FULL_IMPL",
                                    "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT",
-                                   "FULL_WS_CONSUMERS")),
+                                   "FULL_WS_CONSUMERS", "FULL_WS_QUERY_TILES")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -52,6 +52,7 @@ KNOBS = {
     "FULL_WS_BUFFERS": 4,
     "FULL_WS_PERSISTENT": "off",
     "FULL_WS_CONSUMERS": 2,
+    "FULL_WS_QUERY_TILES": 2,
 }
 
 LOG2E = 1.4426950408889634
@@ -868,12 +869,13 @@ def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int
     """Shared memory of the Gluon prefill: (consumer warpgroups, query tiles held, merged accumulators in shared
     memory, K/V slots). Two query tiles let the loader fetch the next tile's during this one; with 3 consumers
     (FULL_WS_CONSUMERS) the merged accumulators move to shared memory and, at head dim 128, only one fits beside
-    two K/V slots."""
+    two K/V slots. FULL_WS_QUERY_TILES=1 gives the second query tile's room to K/V slots (128-key blocks at head
+    dim 128: three slots instead of two)."""
     cons = KNOBS["FULL_WS_CONSUMERS"]
     acc_smem = cons == 3 and split != 0
     fixed = (cons * 64 * (head_d + 4) * 4 if acc_smem else 0) + 1024  # padded rows; + barriers and alignment
     per_slot = 2 * block_n * head_d * 2
-    for q_tiles in (2, 1):
+    for q_tiles in sorted({KNOBS["FULL_WS_QUERY_TILES"], 1}, reverse=True):
         slots = min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - q_tiles * cons * 64 * head_d * 2 - fixed) // per_slot)
         if slots >= 2:
             return cons, q_tiles, acc_smem, slots

@@ -659,6 +659,12 @@ def test_gluon_prefill_shared_memory_plan():
         assert used <= mod.WS_SMEM_BYTES - 1024
         regs, loader, launch = mod.WS_REGS[cons]
         assert cons * regs * 128 + loader * 128 <= 65536 and launch * 32 * 4 * (cons + 1) <= 65536
+    # One query tile gives its room to K/V slots: 128-key blocks at head dim 128 get a third slot, and it fits.
+    for q_tiles, want in ((2, (2, 2, False, 2)), (1, (2, 1, False, 3))):
+        mod = load(with_knobs(FAMILY.root_source(), FULL_WS_QUERY_TILES=q_tiles))
+        plan = mod._ws_plan(128, 128, 1024)
+        assert plan == want, (q_tiles, plan)
+        assert plan[1] * 2 * 64 * 128 * 2 + plan[3] * 2 * 128 * 128 * 2 <= mod.WS_SMEM_BYTES - 1024
     # A plan that does not fit is Triton's OutOfResources, which the audit files as "resources" (campaign 6 drew
     # 128-key blocks with three consumers twice).
     from tik_evo.worker import error_kind
