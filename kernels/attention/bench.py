@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
                          "against the peers")
     ap.add_argument("--decode-only", action="store_true", help="time the decode cells only (no prefill cells)")
     ap.add_argument("--cells", default=None, metavar="REGEX",
-                    help="time only the cells whose name matches (e.g. 'S1024|S1152' or 'decode B1 '); the "
+                    help="time only the cells whose name matches (names as printed, e.g. 'S1024|S1152' or "
+                         "'decode.B1.ctx': '.' for a space, since gpu_session.sh splits ATTN_ARGS on spaces); the "
                          "geomeans then cover those cells")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
