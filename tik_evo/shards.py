@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 from tik_evo.audit import read_result
+from tik_evo.executor import die_with_parent, forked_child
 from tik_evo.family import Check
 
 MAX_AUTO = 8
@@ -120,8 +121,6 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
 
 
 def _child(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path, log: Path) -> None:
-    from tik_evo.executor import die_with_parent, forked_child
-
     die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
     forked_child(log, lambda: run(job, impl, cases, result))
 

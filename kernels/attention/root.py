@@ -875,7 +875,7 @@ def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int
     acc_smem = cons == 3 and split != 0
     fixed = (cons * 64 * (head_d + 4) * 4 if acc_smem else 0) + 1024  # padded rows; + barriers and alignment
     per_slot = 2 * block_n * head_d * 2
-    for q_tiles in sorted({KNOBS["FULL_WS_QUERY_TILES"], 1}, reverse=True):
+    for q_tiles in range(KNOBS["FULL_WS_QUERY_TILES"], 0, -1):
         slots = min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - q_tiles * cons * 64 * head_d * 2 - fixed) // per_slot)
         if slots >= 2:
             return cons, q_tiles, acc_smem, slots
