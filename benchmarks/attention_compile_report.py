@@ -73,9 +73,18 @@ def main(argv: list[str] | None = None) -> int:
         "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": slots,
         "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap", "PERSISTENT": kn["FULL_WS_PERSISTENT"] != "off",
         "WRITE32": False, "CONS": cons, "Q_TILES": q_tiles, "ACC_SMEM": acc_smem, "CONS_REGS": cons_regs,
-        "LOADER_REGS": loader_regs}, 4, 1, ALIGNED, maxnreg=maxnreg)
+        "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot"}, 4, 1, ALIGNED, maxnreg=maxnreg)
+    # The Gluon decode (DECODE_IMPL), as `_dec_launch` launches it (partials for the merge launch).
+    dec_sig = {"Q": "*bf16", "k_desc": desc(64), "v_desc": desc(64), "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
+               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "S_CAP": "i32", "N_CHUNKS": "i32",
+               "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+    dec_ok = kn["BLOCK_N"] == 64 or (kn["BLOCK_N"] == 128 and kn["ROW_SUM"] == "dot")
+    decode_ws = compile_sm90(mod._dec_kernel, dec_sig, {
+        "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split, "CPP": cpp,
+        "NUM_BUF": max(kn["DECODE_WS_BUFFERS"], kn["BLOCK_N"] // 64), "ROW_SUM_DOT": kn["ROW_SUM"] == "dot",
+        "FINISH": False, "WRITE32": False}, 4, 1, ALIGNED) if dec_ok else None
     print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode,
-                      "merge": merge, "prefill_ws": prefill_ws}, indent=1))
+                      "merge": merge, "prefill_ws": prefill_ws, "decode_ws": decode_ws}, indent=1))
     return 0
 
 

@@ -94,6 +94,15 @@ class AttentionFamily(Family):
              "Gluon prefill: query tiles in shared memory; two let the loader fetch the next tile's query during "
              "this one, one leaves that room to K/V slots (FULL_WS_BUFFERS still caps them; 128-key blocks at "
              "head dim 128 get three instead of two: measured 3% slower on an H200, run 35)"),
+        Knob("DECODE_IMPL", ("triton", "gluon_ws"), "decode",
+             "which kernel computes decode's chunks: the Triton one (whole KV blocks per pipeline stage), or (Hopper, "
+             "GQA packed, head dim 64/128, 64-key blocks or 128-key blocks with ROW_SUM dot; else Triton) a "
+             "warp-specialised Gluon kernel: a TMA loader warp streams each block as 64-key sub-blocks and one "
+             "warpgroup chains the row-sum and PV dots over them (same bits as the whole block); its partials go to "
+             "the merge launch (fused merge runs as pdl)"),
+        Knob("DECODE_WS_BUFFERS", (2, 3, 4, 6), "decode",
+             "Gluon decode: 64-key K/V sub-block slots in shared memory (at head dim 128, 32 KB each: 3 slots let "
+             "two programs share an SM)"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "

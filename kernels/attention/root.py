@@ -21,7 +21,12 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.language.nvidia.hopper import tma as gtma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -53,6 +58,8 @@ KNOBS = {
     "FULL_WS_PERSISTENT": "off",
     "FULL_WS_CONSUMERS": 2,
     "FULL_WS_QUERY_TILES": 2,
+    "DECODE_IMPL": "triton",
+    "DECODE_WS_BUFFERS": 3,
 }
 
 LOG2E = 1.4426950408889634
@@ -489,7 +496,7 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
 # other's MMAs. Per row it does what `_prefill_tile` does with the flat split loop: the same wgmma shapes (the
 # layouts Triton gives the 8-warp 128-row tile), the same expressions as `_attn_block` and `_merge` (restated:
 # Gluon cannot call Triton functions), the row sum reduced over the same accumulator layout. Path knob
-# FULL_IMPL; covered: ROW_SUM "reduce", head dim 64/128, any sequence length. Q, K and V come through rank-3
+# FULL_IMPL; covered: ROW_SUM "reduce" and "dot", head dim 64/128, any sequence length. Q, K and V come through rank-3
 # [heads, seq, dim] descriptors, so rows past the sequence load as zeros, as `_load_block`'s masked loads do.
 WS_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 WS_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -568,9 +575,24 @@ def _ws_box(buf, desc):
 
 
 @gluon.jit
-def _ws_probs(s, c_m, c_l, j, rows, qk_scale, masked, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
-              BLOCK_N: gl.constexpr):
-    """`_attn_block`'s softmax step for block j's scores: (bf16 P as the PV operand, alpha, m, l)."""
+def _ws_probs(s, c_m, c_l, j, rows, qk_scale, masked, ones, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+              BLOCK_N: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
+    """`_attn_block`'s softmax step for block j's scores: (bf16 P as the PV operand, alpha, m, l); with
+    ROW_SUM_DOT the row sum's dot is issued and waited here (with any MMA still in flight)."""
+    p16, p, alpha, m_new = _ws_scores_to_probs(s, c_m, j, rows, qk_scale, masked, S_LAYOUT, P_LAYOUT, BLOCK_N)
+    if ROW_SUM_DOT:
+        S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+        rs = warpgroup_mma_wait(0, deps=[_ws_row_sum_issue(p16, ones)])
+        l_new = gl.fma(c_l, alpha, _ws_row_sum_take(rs, S_ROW))
+    else:
+        l_new = gl.fma(c_l, alpha, gl.sum(p, 1))
+    return p16, alpha, m_new, l_new
+
+
+@gluon.jit
+def _ws_scores_to_probs(s, c_m, j, rows, qk_scale, masked, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+                        BLOCK_N: gl.constexpr):
+    """Mask, new row max, probabilities and rescale factor: (bf16 P as the PV operand, fp32 P, alpha, m)."""
     if masked:
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, S_LAYOUT))
         s = gl.where(cols[None, :] < (rows + 1)[:, None], s, float("-inf"))
@@ -578,8 +600,32 @@ def _ws_probs(s, c_m, c_l, j, rows, qk_scale, masked, S_LAYOUT: gl.constexpr, P_
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(gl.fma(s, qk_scale, -(m_use * qk_scale)[:, None]))
     alpha = gl.exp2((c_m - m_use) * qk_scale)
-    l_new = gl.fma(c_l, alpha, gl.sum(p, 1))
-    return gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT), alpha, m_new, l_new
+    return gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT), p, alpha, m_new
+
+
+# `ROW_SUM="dot"`: the row sum as a wgmma of the bf16 probabilities with a [keys, 16] ones tile (N 16, the
+# narrowest the tensor cores take); every column holds the sum, the max over columns picks it exactly. Chained
+# over key sub-blocks (acc in, acc out) it keeps the bits of the whole block's dot (measured, H200).
+WS_ONES_N = gl.constexpr(16)
+
+
+@gluon.jit
+def _ws_row_sum_issue(p16, ones, acc=None):
+    """Issue P[:, :K] @ ones (async), onto `acc` (a pending row-sum token) or from zero."""
+    R_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, WS_ONES_N, 16])
+    a = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=R_LAYOUT, k_width=2))
+    if acc is None:
+        return warpgroup_mma(a, ones, gl.zeros([WS_ROWS, WS_ONES_N], gl.float32, R_LAYOUT), use_acc=False,
+                             is_async=True)
+    else:
+        return warpgroup_mma(a, ones, acc, is_async=True)
+
+
+@gluon.jit
+def _ws_row_sum_take(rs, ROW: gl.constexpr):
+    """The row sums of a waited ones product, in row layout ROW."""
+    return gl.convert_layout(gl.max(rs, 1), ROW)
 
 
 @gluon.jit
@@ -650,9 +696,9 @@ def _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW: gl.constexp
 
 
 @gluon.jit
-def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, g, rows, n_blocks, unmasked, qk_scale,
+def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, ones, g, rows, n_blocks, unmasked, qk_scale,
              ROWS_LAYOUT: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
-             NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, ACC_SMEM: gl.constexpr):
+             NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, ACC_SMEM: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
     """This warpgroup's rows over blocks 0 .. n_blocks - 1 (blocks from `unmasked` masked; block j sits in ring
     slot g + j): (m, l, acc), acc in registers, or with ACC_SMEM in `acc_smem` (then returned as that slot).
 
@@ -679,14 +725,16 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, g, rows,
     if OVERLAP:
         s_tok, k_smem = _ws_qk(g, q_smem, k_bufs, k_ready, s, NUM_BUF)
         s, _q, _k = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem])
-        p16, alpha, c_m, c_l = _ws_probs(s, c_m, c_l, 0, rows, qk_scale, unmasked <= 0, S_LAYOUT, P_LAYOUT, BLOCK_N)
+        p16, alpha, c_m, c_l = _ws_probs(s, c_m, c_l, 0, rows, qk_scale, unmasked <= 0, ones, S_LAYOUT, P_LAYOUT,
+                                         BLOCK_N, ROW_SUM_DOT)
         for j in range(0, n_blocks - 1):
             s_tok, k_smem = _ws_qk(g + j + 1, q_smem, k_bufs, k_ready, s, NUM_BUF)
             acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
             s, _q, _k = warpgroup_mma_wait(1, deps=[s_tok, q_smem, k_smem])  # the QK^T, issued first, is done
             ends = _ws_chunk_ends(j, BLOCK_N, SPLIT)  # then block j + 1 starts a fresh chunk state
             p16_n, alpha, m_n, l_n = _ws_probs(s, gl.where(ends, float("-inf"), c_m), gl.where(ends, 0.0, c_l),
-                                               j + 1, rows, qk_scale, j + 1 >= unmasked, S_LAYOUT, P_LAYOUT, BLOCK_N)
+                                               j + 1, rows, qk_scale, j + 1 >= unmasked, ones, S_LAYOUT, P_LAYOUT,
+                                               BLOCK_N, ROW_SUM_DOT)
             # (`_ws_pv_done` written out: as a call, the persistent kernel's SASS differs from the measured one)
             c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_smem, p16])
             mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
@@ -707,10 +755,20 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, g, rows,
         for j in range(0, n_blocks):
             s_tok, k_smem = _ws_qk(g + j, q_smem, k_bufs, k_ready, s, NUM_BUF)
             s, _q, _k = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem])
-            p16, alpha, c_m, c_l = _ws_probs(s, c_m, c_l, j, rows, qk_scale, j >= unmasked, S_LAYOUT, P_LAYOUT,
-                                             BLOCK_N)
-            acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
-            c_acc = _ws_pv_done(acc_tok, v_smem, p16, empty, g, j, NUM_BUF)
+            if ROW_SUM_DOT:  # the row sum's dot in flight with the PV, both waited at once
+                p16, _p, alpha, m_n = _ws_scores_to_probs(s, c_m, j, rows, qk_scale, j >= unmasked, S_LAYOUT,
+                                                          P_LAYOUT, BLOCK_N)
+                rs_tok = _ws_row_sum_issue(p16, ones)
+                acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
+                c_acc, rs, _v, _p16 = warpgroup_mma_wait(0, deps=[acc_tok, rs_tok, v_smem, p16])
+                mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
+                c_l = gl.fma(c_l, alpha, _ws_row_sum_take(rs, ROWS_LAYOUT))
+                c_m = m_n
+            else:
+                p16, alpha, c_m, c_l = _ws_probs(s, c_m, c_l, j, rows, qk_scale, j >= unmasked, ones, S_LAYOUT,
+                                                 P_LAYOUT, BLOCK_N, ROW_SUM_DOT)
+                acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
+                c_acc = _ws_pv_done(acc_tok, v_smem, p16, empty, g, j, NUM_BUF)
             if _ws_chunk_ends(j, BLOCK_N, SPLIT):
                 m_i, l_i, acc, c_acc, c_m, c_l = _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW,
                                                                  ACC_SMEM)
@@ -721,10 +779,11 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, g, rows,
 
 
 @gluon.jit
-def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc_smem, S, BH, HQ,
-                 HKV, GROUP, qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
+def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc_smem, ones, S, BH,
+                 HQ, HKV, GROUP, qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
                  SPLIT: gl.constexpr, NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
-                 WRITE32: gl.constexpr, CONS: gl.constexpr, Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr):
+                 WRITE32: gl.constexpr, CONS: gl.constexpr, Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr,
+                 ROW_SUM_DOT: gl.constexpr):
     """One warpgroup, per tile: query rows tile_start + HALF * 64 + [0, 64) over their causal keys, stored."""
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
@@ -740,8 +799,8 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
         # its last row or the sequence end (a mask a row sees in full changes no bit).
         n_blocks = gl.cdiv(hi, BLOCK_N)
         m_i, l_i, acc = _ws_rows(q_bufs.index(CONS * (i % Q_TILES) + HALF), k_bufs, v_bufs, k_ready, v_ready, empty,
-                                 acc_smem, g, rows, n_blocks, tile_start // BLOCK_N, qk_scale, S_ROW,
-                                 HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, ACC_SMEM)
+                                 acc_smem, ones, g, rows, n_blocks, tile_start // BLOCK_N, qk_scale, S_ROW,
+                                 HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, ACC_SMEM, ROW_SUM_DOT)
         mbarrier.arrive(q_empty.index(i % Q_TILES), count=1)  # every MMA reading this Q slot has completed
         g += n_blocks
         if ACC_SMEM and SPLIT != 0:
@@ -757,11 +816,26 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
 
 
 @gluon.jit
+def _ws_ones(K: gl.constexpr, ROW_SUM_DOT: gl.constexpr, unused):
+    """The [K, 16] bf16 ones tile of the dot row sum in shared memory (written by every thread, fenced for the
+    tensor cores before the partitions fork), or `unused` when the row sum is reduced."""
+    if ROW_SUM_DOT:
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # the 4 warps before the fork
+        layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, WS_ONES_N], gl.bfloat16)
+        ones = gl.allocate_shared_memory(gl.bfloat16, [K, WS_ONES_N], layout,
+                                         gl.full([K, WS_ONES_N], 1.0, gl.bfloat16, fill))
+        fence_async_shared()
+        return ones
+    else:
+        return unused
+
+
+@gluon.jit
 def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV, GROUP,
                        HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
                        OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr, CONS: gl.constexpr,
                        Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr, CONS_REGS: gl.constexpr,
-                       LOADER_REGS: gl.constexpr):
+                       LOADER_REGS: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
     q_bufs = gl.allocate_shared_memory(gl.bfloat16, [Q_TILES * CONS, WS_ROWS, HEAD_D], WS_SMEM)
     k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
     v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
@@ -775,6 +849,7 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
         acc0 = q_bufs
         acc1 = q_bufs
         acc2 = q_bufs
+    ones = _ws_ones(BLOCK_N, ROW_SUM_DOT, q_bufs)
     q_ready = gl.allocate_shared_memory(gl.int64, [Q_TILES, 1], mbarrier.MBarrierLayout())
     q_empty = gl.allocate_shared_memory(gl.int64, [Q_TILES, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
@@ -790,29 +865,252 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
     # (written out per consumer: the JIT takes no tuples of functions or tuple concatenation)
     if CONS == 3:
         gl.warp_specialize([
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, S, BH,
-                            HQ, HKV, GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
-                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, S, BH,
-                            HQ, HKV, GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
-                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc2, S, BH,
-                            HQ, HKV, GROUP, qk_scale, WS_TOP, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
-                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
+                            S, BH, HQ, HKV, GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
+                            S, BH, HQ, HKV, GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc2, ones,
+                            S, BH, HQ, HKV, GROUP, qk_scale, WS_TOP, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
                           S, BH, HQ, HKV, GROUP, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
         ], [4, 4, 1], [CONS_REGS, CONS_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, S, BH,
-                            HQ, HKV, GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
-                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, S, BH,
-                            HQ, HKV, GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, PERSISTENT,
-                            WRITE32, CONS, Q_TILES, ACC_SMEM)),
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
+                            S, BH, HQ, HKV, GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
+            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
+                            S, BH, HQ, HKV, GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
                           S, BH, HQ, HKV, GROUP, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
         ], [4, 1], [CONS_REGS, LOADER_REGS])
+
+
+# ---- Hopper decode (Gluon): KV blocks streamed as 64-key sub-blocks ----
+# The Triton decode pipelines whole KV blocks, so at 128-key blocks one program holds three 64 KB stages (one per
+# SM). Here a one-warp loader streams each block's keys and values as 64-key sub-blocks by TMA through a ring of
+# slots, and one warpgroup does `_attn_block` per block from its sub-blocks: the scores per sub-block (each score
+# is its own dot over the head dim), the row max over both (exact), the probabilities element-wise, and the row
+# sum and PV as dots chained over the sub-blocks in key order, which keeps the whole block's bits (the tensor
+# cores accumulate over keys in a fixed order that chaining preserves; measured on the H200). A reduced row sum
+# does not split, so 128-key blocks need `ROW_SUM="dot"`; 64-key blocks (one sub-block) take either. Chunks are
+# written as `_chunks_to_partials` writes them and folded by the Triton merge launch (or, when the cache fits one
+# chunk, here). Path knob DECODE_IMPL; the query heads of one KV head are the tile's rows (GQA packed).
+DEC_SUB = gl.constexpr(64)  # keys per streamed sub-block
+
+
+@gluon.jit
+def _dec_chunks(n, S_CAP, SPLIT: gl.constexpr, CPP: gl.constexpr):
+    """This program's chunks [c_lo, c_hi) of a sequence of n keys (one chunk when SPLIT is 0)."""
+    if SPLIT == 0:
+        return 0, 1
+    else:
+        c_lo = gl.program_id(0) * CPP
+        return c_lo, gl.minimum(c_lo + CPP, gl.cdiv(n, SPLIT))
+
+
+@gluon.jit
+def _dec_bounds(c, n, SPLIT: gl.constexpr):
+    """Keys [lo, hi) of chunk c."""
+    if SPLIT == 0:
+        return 0, n
+    else:
+        return c * SPLIT, gl.minimum(c * SPLIT + SPLIT, n)
+
+
+@gluon.jit
+def _dec_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, S_CAP, HKV,
+                BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, CPP: gl.constexpr, NUM_BUF: gl.constexpr):
+    """One warp: per block, its sub-blocks' K tiles, then their V tiles (the scores need every K first)."""
+    kv_head = gl.program_id(1)  # b * HKV + KV head, as the cache's flat heads
+    n = gl.load(CTX + kv_head // HKV)
+    c_lo, c_hi = _dec_chunks(n, S_CAP, SPLIT, CPP)
+    u = 0  # sub-blocks loaded so far: ring slot and phase
+    for c in range(c_lo, c_hi):
+        lo, hi = _dec_bounds(c, n, SPLIT)
+        for start in range(lo, hi, BLOCK_N):
+            for h in gl.static_range(BLOCK_N // DEC_SUB):
+                slot = (u + h) % NUM_BUF
+                mbarrier.wait(empty.index(slot), (((u + h) // NUM_BUF) & 1) ^ 1)
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                gtma.async_copy_global_to_shared(k_desc, [kv_head, start + h * DEC_SUB, 0], k_ready.index(slot),
+                                                 _ws_box(k_bufs.index(slot), k_desc))
+            for h in gl.static_range(BLOCK_N // DEC_SUB):
+                slot = (u + h) % NUM_BUF
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                gtma.async_copy_global_to_shared(v_desc, [kv_head, start + h * DEC_SUB, 0], v_ready.index(slot),
+                                                 _ws_box(v_bufs.index(slot), v_desc))
+            u += BLOCK_N // DEC_SUB
+
+
+@gluon.jit
+def _dec_qk(q, k_bufs, k_ready, u, S_LAYOUT: gl.constexpr, NUM_BUF: gl.constexpr):
+    """Issue sub-block u's scores q @ K^T once its K tile has landed: (pending scores, the K tile)."""
+    slot = u % NUM_BUF
+    mbarrier.wait(k_ready.index(slot), (u // NUM_BUF) & 1)
+    k_smem = k_bufs.index(slot)
+    return warpgroup_mma(q, k_smem.permute((1, 0)), gl.zeros([WS_ROWS, DEC_SUB], gl.float32, S_LAYOUT),
+                         use_acc=False, is_async=True), k_smem
+
+
+@gluon.jit
+def _dec_mask(s, start, n, masked, S_LAYOUT: gl.constexpr):
+    """Scores of keys at or past n set to -inf (in blocks reaching past n)."""
+    if masked:
+        cols = start + gl.arange(0, DEC_SUB, layout=gl.SliceLayout(0, S_LAYOUT))
+        s = gl.where(cols[None, :] < n, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _dec_values(v_bufs, v_ready, u, start, n, masked, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr):
+    """Sub-block u's V tile once landed; in a block reaching past n, rows at or past n are zeroed in place, as
+    `_load_block`'s masked loads give zeros there (the cache past n may hold anything, NaN included)."""
+    slot = u % NUM_BUF
+    mbarrier.wait(v_ready.index(slot), (u // NUM_BUF) & 1)
+    v_smem = v_bufs.index(slot)
+    if masked:
+        fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        v = v_smem.load(fill)
+        keys = start + gl.arange(0, DEC_SUB, layout=gl.SliceLayout(1, fill))
+        v_smem.store(gl.where((keys < n)[:, None], v, gl.zeros_like(v)))
+        fence_async_shared()  # these generic writes before the tensor cores' reads ...
+        gl.thread_barrier()  # ... by every thread of the warpgroup
+    return v_smem
+
+
+@gluon.jit
+def _dec_block(q, acc, m_i, l_i, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, start, n, qk_scale,
+               HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
+    """`_attn_block` for the block at key `start` (sub-blocks u, u + 1 of the ring)."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DEC_SUB, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    gl.static_assert(BLOCK_N == DEC_SUB or (BLOCK_N == 2 * DEC_SUB and ROW_SUM_DOT))
+    masked = start + BLOCK_N > n
+    t0, k0 = _dec_qk(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF)
+    if BLOCK_N == 2 * DEC_SUB:
+        t1, k1 = _dec_qk(q, k_bufs, k_ready, u + 1, S_LAYOUT, NUM_BUF)
+        s0, s1, _k0, _k1 = warpgroup_mma_wait(0, deps=[t0, t1, k0, k1])
+        s1 = _dec_mask(s1, start + DEC_SUB, n, masked, S_LAYOUT)
+    else:
+        s0, _k0 = warpgroup_mma_wait(0, deps=[t0, k0])
+    s0 = _dec_mask(s0, start, n, masked, S_LAYOUT)
+    m_blk = gl.max(s0, 1)
+    if BLOCK_N == 2 * DEC_SUB:  # max is exact: the max over both sub-blocks is the whole block's
+        m_blk = gl.maximum(m_blk, gl.max(s1, 1))
+    m_new = gl.maximum(m_i, m_blk)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2((m_i - m_use) * qk_scale)
+    p0 = gl.exp2(gl.fma(s0, qk_scale, -(m_use * qk_scale)[:, None]))
+    p16_0 = gl.convert_layout(p0.to(gl.bfloat16), P_LAYOUT)
+    if ROW_SUM_DOT:
+        rs = _ws_row_sum_issue(p16_0, ones)
+    else:
+        row_sum = gl.sum(p0, 1)
+    if BLOCK_N == 2 * DEC_SUB:
+        p16_1 = gl.convert_layout(gl.exp2(gl.fma(s1, qk_scale, -(m_use * qk_scale)[:, None])).to(gl.bfloat16),
+                                  P_LAYOUT)
+        rs = _ws_row_sum_issue(p16_1, ones, rs)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    v0 = _dec_values(v_bufs, v_ready, u, start, n, masked, HEAD_D, NUM_BUF)
+    acc = warpgroup_mma(p16_0, v0, acc, is_async=True)
+    if BLOCK_N == 2 * DEC_SUB:
+        v1 = _dec_values(v_bufs, v_ready, u + 1, start + DEC_SUB, n, masked, HEAD_D, NUM_BUF)
+        acc = warpgroup_mma(p16_1, v1, acc, is_async=True)
+    if ROW_SUM_DOT:
+        acc, rs = warpgroup_mma_wait(0, deps=[acc, rs])
+        row_sum = _ws_row_sum_take(rs, S_ROW)
+    else:
+        acc = warpgroup_mma_wait(0, deps=[acc])
+    for h in gl.static_range(BLOCK_N // DEC_SUB):
+        mbarrier.arrive(empty.index((u + h) % NUM_BUF), count=1)
+    return acc, m_new, gl.fma(l_i, alpha, row_sum)
+
+
+@gluon.jit
+def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, S_CAP,
+                  N_CHUNKS, qk_scale, HQ, HKV, GROUP, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
+                  SPLIT: gl.constexpr, CPP: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr,
+                  FINISH: gl.constexpr, WRITE32: gl.constexpr):
+    """One warpgroup: the GQA group's query heads as rows, this program's chunks, each stored as a partial (or,
+    FINISH, the output: the one chunk alone when SPLIT is 0, else folded into the empty state first)."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DEC_SUB, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    O_ROW: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
+    fill: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    pid = gl.program_id(1)
+    b = pid // HKV
+    n = gl.load(CTX + b)
+    q_base = b * HQ + pid % HKV * GROUP  # this KV head's first query head (q is [B, HQ, 1, D])
+    r = gl.arange(0, WS_ROWS, layout=gl.SliceLayout(1, fill))
+    q = gl.load(Q + (q_base + r)[:, None] * HEAD_D + gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, fill))[None, :],
+                mask=(r < GROUP)[:, None], other=0.0)
+    q = gl.convert_layout(q, gl.DotOperandLayout(operand_index=0, parent=S_LAYOUT, k_width=2))
+    o_rows = gl.arange(0, WS_ROWS, layout=O_ROW)
+    o_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, O_LAYOUT))
+    s_rows = gl.arange(0, WS_ROWS, layout=S_ROW)
+    c_lo, c_hi = _dec_chunks(n, S_CAP, SPLIT, CPP)
+    u = 0  # sub-blocks consumed so far, as the loader counts them
+    for c in range(c_lo, c_hi):
+        lo, hi = _dec_bounds(c, n, SPLIT)
+        acc = gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT)
+        m_i = gl.full([WS_ROWS], float("-inf"), gl.float32, S_ROW)
+        l_i = gl.zeros([WS_ROWS], gl.float32, S_ROW)
+        for start in range(lo, hi, BLOCK_N):
+            acc, m_i, l_i = _dec_block(q, acc, m_i, l_i, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, start,
+                                       n, qk_scale, HEAD_D, BLOCK_N, NUM_BUF, ROW_SUM_DOT)
+            u += BLOCK_N // DEC_SUB
+        if FINISH:
+            if SPLIT != 0:  # `_merge` into the empty state, as the merge launch would
+                m_i, l_i, acc = _ws_merge(gl.full_like(m_i, float("-inf")), gl.zeros_like(l_i),
+                                          gl.zeros_like(acc), m_i, l_i, acc, qk_scale, O_ROW)
+            o = acc / gl.convert_layout(l_i, O_ROW)[:, None]
+            io = (q_base + o_rows)[:, None] * HEAD_D + o_cols[None, :]
+            ok = (o_rows < GROUP)[:, None]
+            gl.store(O + io, o.to(gl.bfloat16), mask=ok)
+            if WRITE32:
+                gl.store(O32 + io, o, mask=ok)
+        else:
+            ws = (q_base + s_rows).to(gl.int64) * N_CHUNKS + c
+            gl.store(M_WS + ws, m_i, mask=s_rows < GROUP)
+            gl.store(L_WS + ws, l_i, mask=s_rows < GROUP)
+            ws_o = (q_base + o_rows).to(gl.int64) * N_CHUNKS + c
+            gl.store(ACC_WS + ws_o[:, None] * HEAD_D + o_cols[None, :], acc, mask=(o_rows < GROUP)[:, None])
+
+
+@gluon.jit
+def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
+                HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, CPP: gl.constexpr,
+                NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr, FINISH: gl.constexpr, WRITE32: gl.constexpr):
+    k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, DEC_SUB, HEAD_D], WS_SMEM)
+    v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, DEC_SUB, HEAD_D], WS_SMEM)
+    ones = _ws_ones(DEC_SUB, ROW_SUM_DOT, k_bufs)
+    k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NUM_BUF):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    gl.warp_specialize([
+        (_dec_consumer, (Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, S_CAP,
+                         N_CHUNKS, qk_scale, HQ, HKV, GROUP, HEAD_D, BLOCK_N, SPLIT, CPP, NUM_BUF, ROW_SUM_DOT,
+                         FINISH, WRITE32)),
+        (_dec_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, S_CAP, HKV, BLOCK_N, SPLIT,
+                       CPP, NUM_BUF)),
+    ], [1], [40])
+
 
 TMA_MIN_SEQ = 2048
 PERSISTENT_MAX_WAVES = 8
@@ -874,6 +1172,7 @@ def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int
     cons = KNOBS["FULL_WS_CONSUMERS"]
     acc_smem = cons == 3 and split != 0
     fixed = (cons * 64 * (head_d + 4) * 4 if acc_smem else 0) + 1024  # padded rows; + barriers and alignment
+    fixed += block_n * 16 * 2 if KNOBS["ROW_SUM"] == "dot" else 0  # the ones tile
     per_slot = 2 * block_n * head_d * 2
     for q_tiles in range(KNOBS["FULL_WS_QUERY_TILES"], 0, -1):
         slots = min(KNOBS["FULL_WS_BUFFERS"], (WS_SMEM_BYTES - q_tiles * cons * 64 * head_d * 2 - fixed) // per_slot)
@@ -885,12 +1184,12 @@ def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int
 
 
 def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
-    """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, a reduced row sum, head dim 64 or
-    128, contiguous aligned tensors) and return True; else False and the caller runs Triton."""
+    """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, a reduced or dot row sum, head dim
+    64 or 128, contiguous aligned tensors) and return True; else False and the caller runs Triton."""
     B, HQ, S, D = q.shape
     bn = KNOBS["BLOCK_N"]
     if not (q.is_cuda and _device(q.device)[1] == 9 and D in (64, 128)
-            and KNOBS["ROW_SUM"] == "reduce" and 128 % bn == 0
+            and KNOBS["ROW_SUM"] in ("reduce", "dot") and 128 % bn == 0
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))):
         return False
     # Rank 3 ([heads, seq, dim]): a box reaching past the sequence end reads zeros, never the next head's rows.
@@ -911,7 +1210,7 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
         HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
         CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=WS_REGS[cons][0], LOADER_REGS=WS_REGS[cons][1],
-        num_warps=4, maxnreg=WS_REGS[cons][2])
+        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", num_warps=4, maxnreg=WS_REGS[cons][2])
     return True
 
 
@@ -966,9 +1265,6 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     group = HQ // HKV
     split = KNOBS["SPLIT_TOKENS"]
     pack = KNOBS["DECODE_PACK_GQA"]
-    layout_free = KNOBS["ROW_SUM"] != "reduce"  # a reduced row sum must keep prefill's wgmma layout family
-    block_m = KNOBS["DECODE_BLOCK_M"] if layout_free else max(KNOBS["DECODE_BLOCK_M"], 64)
-    block_m = max(block_m, triton.next_power_of_2(group)) if pack else block_m
     cpp = KNOBS["DECODE_CHUNKS_PER_PROGRAM"]
     o32 = out32 if out32 is not None else out
     qk_scale = _qk_scale(sm_scale)
@@ -989,6 +1285,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     launch = KNOBS["DECODE_MERGE_LAUNCH"]
     if launch == "auto":  # H200, split 512 (run 27): the fused fold wins from 128 chunk programs, PDL up to 64
         launch = "fused" if grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
+    gluon = KNOBS["DECODE_IMPL"] == "gluon_ws" and _dec_covers(q, k_cache, v_cache)
+    if gluon and launch == "fused":
+        launch = "pdl"  # the Gluon decode has no in-kernel fold: its partials go to the merge launch
     # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
     pdl = merge and launch == "pdl" and q.is_cuda
     fused = merge and launch == "fused"  # the chunk grid's last programs fold: one launch
@@ -998,16 +1297,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         acc_ws = torch.empty((B * HQ * n_chunks * D,), dtype=torch.float32, device=q.device)
     else:  # no partials: the slots are never read or written
         m_ws = l_ws = acc_ws = o32
-    arrivals = _arrivals(q.device, grid[1]) if fused else m_ws
-    # rows of the merge's tile: the row group (a KV head's query heads, or one query head) padded
-    merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group if pack else 1))
-    _decode_kernel[grid](
-        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, s_cap, B * HKV * s_cap, n_chunks,
-        qk_scale, HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=split, PACK_GQA=pack,
-        CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"], TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl,
-        FINISH_SINGLE=finish_single, FUSED_MERGE=fused, MERGE_ROWS=merge_rows, MERGE_LOADS=KNOBS["DECODE_MERGE_LOADS"],
-        WRITE32=out32 is not None, num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
-    )
+    if gluon:
+        _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
+                    finish=not merge, write32=out32 is not None)
+    else:
+        _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
+                       pdl, fused, finish_single, write32=out32 is not None)
     if merge and not fused:
         _decode_merge_kernel[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
@@ -1015,3 +1310,49 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
             LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=out32 is not None, num_warps=4,
             **({"launch_pdl": True} if pdl else {}),
         )
+
+
+def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
+                   pdl, fused, finish_single, write32):
+    B, HQ, _, D = q.shape
+    HKV, s_cap = k_cache.shape[1], k_cache.shape[2]
+    group = HQ // HKV
+    pack = KNOBS["DECODE_PACK_GQA"]
+    layout_free = KNOBS["ROW_SUM"] != "reduce"  # a reduced row sum must keep prefill's wgmma layout family
+    block_m = KNOBS["DECODE_BLOCK_M"] if layout_free else max(KNOBS["DECODE_BLOCK_M"], 64)
+    block_m = max(block_m, triton.next_power_of_2(group)) if pack else block_m
+    arrivals = _arrivals(q.device, grid[1]) if fused else m_ws
+    # rows of the merge's tile: the row group (a KV head's query heads, or one query head) padded
+    merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group if pack else 1))
+    _decode_kernel[grid](
+        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, s_cap, B * HKV * s_cap, n_chunks,
+        qk_scale, HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
+        PACK_GQA=pack, CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"],
+        TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl, FINISH_SINGLE=finish_single, FUSED_MERGE=fused,
+        MERGE_ROWS=merge_rows, MERGE_LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=write32,
+        num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
+    )
+
+
+def _dec_covers(q, k_cache, v_cache) -> bool:
+    """Whether the Gluon decode covers this call: a Hopper GPU, head dim 64 or 128, GQA packed (at most 64 query
+    heads per KV head), 64-key blocks or 128-key blocks with the dot row sum, contiguous aligned tensors."""
+    group = q.shape[1] // k_cache.shape[1]
+    bn, row_sum = KNOBS["BLOCK_N"], KNOBS["ROW_SUM"]
+    return (q.is_cuda and _device(q.device)[1] == 9 and q.shape[3] in (64, 128) and KNOBS["DECODE_PACK_GQA"]
+            and group <= 64 and ((bn == 64 and row_sum in ("reduce", "dot")) or (bn == 128 and row_sum == "dot"))
+            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k_cache, v_cache)))
+
+
+def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
+                finish, write32):
+    B, HQ, _, D = q.shape
+    HKV, s_cap = k_cache.shape[1], k_cache.shape[2]
+    # Rank 3 ([B * HKV, S_cap, D]): sub-blocks reaching past the cache read zeros, never the next head's rows.
+    k_desc = TensorDescriptor(k_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
+    v_desc = TensorDescriptor(v_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
+    _dec_kernel[grid](
+        q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, n_chunks, qk_scale, HQ, HKV, HQ // HKV,
+        HEAD_D=D, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"], CPP=cpp,
+        NUM_BUF=max(KNOBS["DECODE_WS_BUFFERS"], KNOBS["BLOCK_N"] // 64), ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot",
+        FINISH=finish, WRITE32=write32, num_warps=4)
