@@ -102,7 +102,10 @@ class AttentionFamily(Family):
              "the merge launch (fused merge runs as pdl)"),
         Knob("DECODE_WS_BUFFERS", (2, 3, 4, 6), "decode",
              "Gluon decode: 64-key K/V sub-block slots in shared memory (at head dim 128, 32 KB each: 3 slots let "
-             "two programs share an SM)"),
+             "two programs share an SM; more give one program an SM and a deeper prefetch)"),
+        Knob("DECODE_WS_SCHEDULE", ("serial", "overlap"), "decode",
+             "Gluon decode: each block's MMAs one after another, or the next block's QK^T issued before this "
+             "block's PV so its softmax runs during the PV"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "

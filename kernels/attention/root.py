@@ -60,6 +60,7 @@ KNOBS = {
     "FULL_WS_QUERY_TILES": 2,
     "DECODE_IMPL": "triton",
     "DECODE_WS_BUFFERS": 3,
+    "DECODE_WS_SCHEDULE": "serial",
 }
 
 LOG2E = 1.4426950408889634
@@ -582,7 +583,8 @@ def _ws_probs(s, c_m, c_l, j, rows, qk_scale, masked, ones, S_LAYOUT: gl.constex
     p16, p, alpha, m_new = _ws_scores_to_probs(s, c_m, j, rows, qk_scale, masked, S_LAYOUT, P_LAYOUT, BLOCK_N)
     if ROW_SUM_DOT:
         S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-        rs = warpgroup_mma_wait(0, deps=[_ws_row_sum_issue(p16, ones)])
+        a = _ws_row_sum_operand(p16)
+        rs, _a = warpgroup_mma_wait(0, deps=[_ws_row_sum_issue(a, ones), a])
         l_new = gl.fma(c_l, alpha, _ws_row_sum_take(rs, S_ROW))
     else:
         l_new = gl.fma(c_l, alpha, gl.sum(p, 1))
@@ -610,11 +612,18 @@ WS_ONES_N = gl.constexpr(16)
 
 
 @gluon.jit
-def _ws_row_sum_issue(p16, ones, acc=None):
-    """Issue P[:, :K] @ ones (async), onto `acc` (a pending row-sum token) or from zero."""
+def _ws_row_sum_operand(p16):
+    """The bf16 probabilities as the A operand of the row sum's wgmma."""
     R_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, WS_ONES_N, 16])
-    a = gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=R_LAYOUT, k_width=2))
+    return gl.convert_layout(p16, gl.DotOperandLayout(operand_index=0, parent=R_LAYOUT, k_width=2))
+
+
+@gluon.jit
+def _ws_row_sum_issue(a, ones, acc=None):
+    """Issue A @ ones (async; A from `_ws_row_sum_operand`), onto `acc` (a pending row-sum token) or from zero."""
+    R_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, WS_ONES_N, 16])
     if acc is None:
         return warpgroup_mma(a, ones, gl.zeros([WS_ROWS, WS_ONES_N], gl.float32, R_LAYOUT), use_acc=False,
                              is_async=True)
@@ -758,9 +767,10 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, ones, g,
             if ROW_SUM_DOT:  # the row sum's dot in flight with the PV, both waited at once
                 p16, _p, alpha, m_n = _ws_scores_to_probs(s, c_m, j, rows, qk_scale, j >= unmasked, S_LAYOUT,
                                                           P_LAYOUT, BLOCK_N)
-                rs_tok = _ws_row_sum_issue(p16, ones)
+                a = _ws_row_sum_operand(p16)
+                rs_tok = _ws_row_sum_issue(a, ones)
                 acc_tok, v_smem = _ws_pv(g + j, p16, alpha, c_acc, v_bufs, v_ready, O_ROW, NUM_BUF)
-                c_acc, rs, _v, _p16 = warpgroup_mma_wait(0, deps=[acc_tok, rs_tok, v_smem, p16])
+                c_acc, rs, _v, _p16, _a = warpgroup_mma_wait(0, deps=[acc_tok, rs_tok, v_smem, p16, a])
                 mbarrier.arrive(empty.index((g + j) % NUM_BUF), count=1)
                 c_l = gl.fma(c_l, alpha, _ws_row_sum_take(rs, ROWS_LAYOUT))
                 c_m = m_n
@@ -958,12 +968,26 @@ def _dec_qk(q, k_bufs, k_ready, u, S_LAYOUT: gl.constexpr, NUM_BUF: gl.constexpr
 
 
 @gluon.jit
-def _dec_mask(s, start, n, masked, S_LAYOUT: gl.constexpr):
-    """Scores of keys at or past n set to -inf (in blocks reaching past n)."""
-    if masked:
-        cols = start + gl.arange(0, DEC_SUB, layout=gl.SliceLayout(0, S_LAYOUT))
-        s = gl.where(cols[None, :] < n, s, float("-inf"))
-    return s
+def _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT: gl.constexpr, NUM_BUF: gl.constexpr, NSUB: gl.constexpr):
+    """Issue the scores of the block at ring position u, per sub-block: (token, K tile) twice (one sub-block: the
+    same pair twice)."""
+    t0, k0 = _dec_qk(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF)
+    if NSUB == 2:
+        t1, k1 = _dec_qk(q, k_bufs, k_ready, u + 1, S_LAYOUT, NUM_BUF)
+        return t0, k0, t1, k1
+    else:
+        return t0, k0, t0, k0
+
+
+@gluon.jit
+def _dec_scores_wait(t0, k0, t1, k1, NSUB: gl.constexpr, PENDING: gl.constexpr):
+    """The block's scores per sub-block once at most PENDING MMA groups issued after them are in flight."""
+    if NSUB == 2:
+        s0, _k0, s1, _k1 = warpgroup_mma_wait(PENDING, deps=[t0, k0, t1, k1])
+    else:
+        s0, _k0 = warpgroup_mma_wait(PENDING, deps=[t0, k0])
+        s1 = s0
+    return s0, s1
 
 
 @gluon.jit
@@ -984,62 +1008,144 @@ def _dec_values(v_bufs, v_ready, u, start, n, masked, HEAD_D: gl.constexpr, NUM_
 
 
 @gluon.jit
-def _dec_block(q, acc, m_i, l_i, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, start, n, qk_scale,
-               HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
-    """`_attn_block` for the block at key `start` (sub-blocks u, u + 1 of the ring)."""
-    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DEC_SUB, 16])
-    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_D, 16])
-    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
-    S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
-    gl.static_assert(BLOCK_N == DEC_SUB or (BLOCK_N == 2 * DEC_SUB and ROW_SUM_DOT))
-    masked = start + BLOCK_N > n
-    t0, k0 = _dec_qk(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF)
-    if BLOCK_N == 2 * DEC_SUB:
-        t1, k1 = _dec_qk(q, k_bufs, k_ready, u + 1, S_LAYOUT, NUM_BUF)
-        s0, s1, _k0, _k1 = warpgroup_mma_wait(0, deps=[t0, t1, k0, k1])
-        s1 = _dec_mask(s1, start + DEC_SUB, n, masked, S_LAYOUT)
-    else:
-        s0, _k0 = warpgroup_mma_wait(0, deps=[t0, k0])
+def _dec_mask(s, start, n, masked, S_LAYOUT: gl.constexpr):
+    """Scores of keys at or past n set to -inf (in blocks reaching past n)."""
+    if masked:
+        cols = start + gl.arange(0, DEC_SUB, layout=gl.SliceLayout(0, S_LAYOUT))
+        s = gl.where(cols[None, :] < n, s, float("-inf"))
+    return s
+
+
+@gluon.jit
+def _dec_softmax(s0, s1, m_i, start, n, qk_scale, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
+                 NSUB: gl.constexpr):
+    """`_attn_block`'s softmax step from the block's sub-block scores: (bf16 P per sub-block as the PV operand,
+    the reduced row sum of a one-sub-block block, alpha, m). The max is exact, so the max over the sub-blocks is
+    the whole block's; the probabilities are element-wise."""
+    masked = start + NSUB * DEC_SUB > n
     s0 = _dec_mask(s0, start, n, masked, S_LAYOUT)
     m_blk = gl.max(s0, 1)
-    if BLOCK_N == 2 * DEC_SUB:  # max is exact: the max over both sub-blocks is the whole block's
+    if NSUB == 2:
+        s1 = _dec_mask(s1, start + DEC_SUB, n, masked, S_LAYOUT)
         m_blk = gl.maximum(m_blk, gl.max(s1, 1))
     m_new = gl.maximum(m_i, m_blk)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = gl.exp2((m_i - m_use) * qk_scale)
     p0 = gl.exp2(gl.fma(s0, qk_scale, -(m_use * qk_scale)[:, None]))
     p16_0 = gl.convert_layout(p0.to(gl.bfloat16), P_LAYOUT)
-    if ROW_SUM_DOT:
-        rs = _ws_row_sum_issue(p16_0, ones)
-    else:
-        row_sum = gl.sum(p0, 1)
-    if BLOCK_N == 2 * DEC_SUB:
+    if NSUB == 2:
         p16_1 = gl.convert_layout(gl.exp2(gl.fma(s1, qk_scale, -(m_use * qk_scale)[:, None])).to(gl.bfloat16),
                                   P_LAYOUT)
-        rs = _ws_row_sum_issue(p16_1, ones, rs)
+    else:
+        p16_1 = p16_0
+    return p16_0, p16_1, gl.sum(p0, 1), alpha, m_new
+
+
+@gluon.jit
+def _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n, HEAD_D: gl.constexpr,
+                  NUM_BUF: gl.constexpr, NSUB: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
+    """Rescale the accumulator and issue the block's row-sum dots (ROW_SUM_DOT), then its PV dots, each chained
+    over the sub-blocks in key order: (PV token, row-sum token, and the operands the MMAs read, to keep alive)."""
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    masked = start + NSUB * DEC_SUB > n
+    a0 = _ws_row_sum_operand(p16_0)
+    a1 = _ws_row_sum_operand(p16_1)
+    if ROW_SUM_DOT:
+        rs = _ws_row_sum_issue(a0, ones)
+        if NSUB == 2:
+            rs = _ws_row_sum_issue(a1, ones, rs)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
     v0 = _dec_values(v_bufs, v_ready, u, start, n, masked, HEAD_D, NUM_BUF)
     acc = warpgroup_mma(p16_0, v0, acc, is_async=True)
-    if BLOCK_N == 2 * DEC_SUB:
+    if NSUB == 2:
         v1 = _dec_values(v_bufs, v_ready, u + 1, start + DEC_SUB, n, masked, HEAD_D, NUM_BUF)
         acc = warpgroup_mma(p16_1, v1, acc, is_async=True)
+    else:
+        v1 = v0
+    if not ROW_SUM_DOT:
+        rs = acc  # (no row-sum product: the reduced sum came with the probabilities)
+    return acc, rs, v0, v1, a0, a1
+
+
+@gluon.jit
+def _dec_pv_done(acc, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, empty, u, S_ROW: gl.constexpr,
+                 NUM_BUF: gl.constexpr, NSUB: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
+    """Wait for the block's MMAs (every operand they read kept alive until then), fold its row sum into l and
+    hand its sub-block slots back to the loader: (acc, l)."""
     if ROW_SUM_DOT:
-        acc, rs = warpgroup_mma_wait(0, deps=[acc, rs])
+        if NSUB == 2:
+            acc, rs, _v0, _v1, _p0, _p1, _a0, _a1 = warpgroup_mma_wait(
+                0, deps=[acc, rs, v0, v1, p16_0, p16_1, a0, a1])
+        else:
+            acc, rs, _v0, _p0, _a0 = warpgroup_mma_wait(0, deps=[acc, rs, v0, p16_0, a0])
         row_sum = _ws_row_sum_take(rs, S_ROW)
     else:
-        acc = warpgroup_mma_wait(0, deps=[acc])
-    for h in gl.static_range(BLOCK_N // DEC_SUB):
+        acc, _v0, _p0 = warpgroup_mma_wait(0, deps=[acc, v0, p16_0])
+        row_sum = reduced
+    for h in gl.static_range(NSUB):
         mbarrier.arrive(empty.index((u + h) % NUM_BUF), count=1)
-    return acc, m_new, gl.fma(l_i, alpha, row_sum)
+    return acc, gl.fma(l_i, alpha, row_sum)
+
+
+@gluon.jit
+def _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, qk_scale, HEAD_D: gl.constexpr,
+               BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr, OVERLAP: gl.constexpr):
+    """Keys [lo, hi) from a fresh softmax state, `_attn_block` per block (its sub-blocks from ring position u on):
+    (acc, m, l). OVERLAP issues block j + 1's scores before block j's PV, so the softmax of j + 1 runs while the
+    tensor cores do PV j; the operations per block and their order per row are the same either way."""
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, DEC_SUB, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    NSUB: gl.constexpr = BLOCK_N // DEC_SUB
+    gl.static_assert(NSUB == 1 or (NSUB == 2 and ROW_SUM_DOT))  # a reduced row sum does not split
+    acc = gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT)
+    m_i = gl.full([WS_ROWS], float("-inf"), gl.float32, S_ROW)
+    l_i = gl.zeros([WS_ROWS], gl.float32, S_ROW)
+    if OVERLAP:
+        t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF, NSUB)
+        s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, 0)
+        p16_0, p16_1, reduced, alpha, m_i = _dec_softmax(s0, s1, m_i, lo, n, qk_scale, S_LAYOUT, P_LAYOUT, NSUB)
+        for start in range(lo, hi - BLOCK_N, BLOCK_N):  # blocks followed by another in this chunk
+            t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u + NSUB, S_LAYOUT, NUM_BUF, NSUB)
+            tok, rs, v0, v1, a0, a1 = _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n,
+                                                    HEAD_D, NUM_BUF, NSUB, ROW_SUM_DOT)
+            # the scores, issued first, are done once only this block's row-sum and PV groups are in flight
+            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, NSUB * (2 if ROW_SUM_DOT else 1))
+            n16_0, n16_1, n_reduced, n_alpha, n_m = _dec_softmax(s0, s1, m_i, start + BLOCK_N, n, qk_scale,
+                                                                 S_LAYOUT, P_LAYOUT, NSUB)
+            acc, l_i = _dec_pv_done(tok, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, empty, u, S_ROW,
+                                    NUM_BUF, NSUB, ROW_SUM_DOT)
+            p16_0, p16_1, reduced, alpha, m_i = n16_0, n16_1, n_reduced, n_alpha, n_m
+            u += NSUB
+        last = lo + (hi - lo - 1) // BLOCK_N * BLOCK_N
+        tok, rs, v0, v1, a0, a1 = _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, last, n,
+                                                HEAD_D, NUM_BUF, NSUB, ROW_SUM_DOT)
+        acc, l_i = _dec_pv_done(tok, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, empty, u, S_ROW,
+                                NUM_BUF, NSUB, ROW_SUM_DOT)
+    else:
+        for start in range(lo, hi, BLOCK_N):
+            t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF, NSUB)
+            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, 0)
+            p16_0, p16_1, reduced, alpha, m_new = _dec_softmax(s0, s1, m_i, start, n, qk_scale, S_LAYOUT, P_LAYOUT,
+                                                               NSUB)
+            tok, rs, v0, v1, a0, a1 = _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n,
+                                                    HEAD_D, NUM_BUF, NSUB, ROW_SUM_DOT)
+            acc, l_i = _dec_pv_done(tok, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, empty, u, S_ROW,
+                                    NUM_BUF, NSUB, ROW_SUM_DOT)
+            m_i = m_new
+            u += NSUB
+    return acc, m_i, l_i
 
 
 @gluon.jit
 def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, S_CAP,
                   N_CHUNKS, qk_scale, HQ, HKV, GROUP, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
                   SPLIT: gl.constexpr, CPP: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr,
-                  FINISH: gl.constexpr, WRITE32: gl.constexpr):
+                  FINISH: gl.constexpr, WRITE32: gl.constexpr, OVERLAP: gl.constexpr):
     """One warpgroup: the GQA group's query heads as rows, this program's chunks, each stored as a partial (or,
     FINISH, the output: the one chunk alone when SPLIT is 0, else folded into the empty state first)."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -1064,13 +1170,9 @@ def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v
     u = 0  # sub-blocks consumed so far, as the loader counts them
     for c in range(c_lo, c_hi):
         lo, hi = _dec_bounds(c, n, SPLIT)
-        acc = gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT)
-        m_i = gl.full([WS_ROWS], float("-inf"), gl.float32, S_ROW)
-        l_i = gl.zeros([WS_ROWS], gl.float32, S_ROW)
-        for start in range(lo, hi, BLOCK_N):
-            acc, m_i, l_i = _dec_block(q, acc, m_i, l_i, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, start,
-                                       n, qk_scale, HEAD_D, BLOCK_N, NUM_BUF, ROW_SUM_DOT)
-            u += BLOCK_N // DEC_SUB
+        acc, m_i, l_i = _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, qk_scale,
+                                   HEAD_D, BLOCK_N, NUM_BUF, ROW_SUM_DOT, OVERLAP)
+        u += gl.cdiv(hi - lo, BLOCK_N) * (BLOCK_N // DEC_SUB)
         if FINISH:
             if SPLIT != 0:  # `_merge` into the empty state, as the merge launch would
                 m_i, l_i, acc = _ws_merge(gl.full_like(m_i, float("-inf")), gl.zeros_like(l_i),
@@ -1092,7 +1194,8 @@ def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v
 @gluon.jit
 def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                 HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, CPP: gl.constexpr,
-                NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr, FINISH: gl.constexpr, WRITE32: gl.constexpr):
+                NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr, FINISH: gl.constexpr, WRITE32: gl.constexpr,
+                OVERLAP: gl.constexpr):
     k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, DEC_SUB, HEAD_D], WS_SMEM)
     v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, DEC_SUB, HEAD_D], WS_SMEM)
     ones = _ws_ones(DEC_SUB, ROW_SUM_DOT, k_bufs)
@@ -1106,7 +1209,7 @@ def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHU
     gl.warp_specialize([
         (_dec_consumer, (Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, S_CAP,
                          N_CHUNKS, qk_scale, HQ, HKV, GROUP, HEAD_D, BLOCK_N, SPLIT, CPP, NUM_BUF, ROW_SUM_DOT,
-                         FINISH, WRITE32)),
+                         FINISH, WRITE32, OVERLAP)),
         (_dec_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, S_CAP, HKV, BLOCK_N, SPLIT,
                        CPP, NUM_BUF)),
     ], [1], [40])
@@ -1334,6 +1437,14 @@ def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_
     )
 
 
+# Registers a thread at launch for the Gluon decode's two warpgroups (its loader warp padded to one): 128 lets two
+# programs share an SM's 65,536 (the loader gives up all but 40, so the consumer warpgroup gets 216); where the
+# slots' shared memory allows one program an SM anyway, 168 (no spill for the overlapped schedule either).
+DEC_MAXNREG = 128
+DEC_MAXNREG_ALONE = 168
+DEC_FIXED_SMEM = 10 * 1024  # beside the slots: ones tile, barriers, layout-conversion scratch (offline sm_90a compile)
+
+
 def _dec_covers(q, k_cache, v_cache) -> bool:
     """Whether the Gluon decode covers this call: a Hopper GPU, head dim 64 or 128, GQA packed (at most 64 query
     heads per KV head), 64-key blocks or 128-key blocks with the dot row sum, contiguous aligned tensors."""
@@ -1351,8 +1462,11 @@ def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws,
     # Rank 3 ([B * HKV, S_cap, D]): sub-blocks reaching past the cache read zeros, never the next head's rows.
     k_desc = TensorDescriptor(k_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
     v_desc = TensorDescriptor(v_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
+    slots = max(KNOBS["DECODE_WS_BUFFERS"], KNOBS["BLOCK_N"] // 64)  # a block's sub-blocks are in use together
+    two_per_sm = 2 * (slots * 2 * 64 * D * 2 + DEC_FIXED_SMEM + 1024) <= 228 * 1024
     _dec_kernel[grid](
         q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, n_chunks, qk_scale, HQ, HKV, HQ // HKV,
-        HEAD_D=D, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"], CPP=cpp,
-        NUM_BUF=max(KNOBS["DECODE_WS_BUFFERS"], KNOBS["BLOCK_N"] // 64), ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot",
-        FINISH=finish, WRITE32=write32, num_warps=4)
+        HEAD_D=D, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"], CPP=cpp, NUM_BUF=slots,
+        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", FINISH=finish, WRITE32=write32,
+        OVERLAP=KNOBS["DECODE_WS_SCHEDULE"] == "overlap", num_warps=4,
+        maxnreg=DEC_MAXNREG if two_per_sm else DEC_MAXNREG_ALONE)
