@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     dec_ok = kn["BLOCK_N"] == 64 or (kn["BLOCK_N"] == 128 and kn["ROW_SUM"] == "dot")
     decode_ws = compile_sm90(mod._dec_kernel, dec_sig, {
         "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split, "CPP": cpp,
-        "NUM_BUF": max(kn["DECODE_WS_BUFFERS"], kn["BLOCK_N"] // 64), "ROW_SUM_DOT": kn["ROW_SUM"] == "dot",
+        "NUM_BUF": mod._dec_plan(kn["BLOCK_N"], args.head_dim)[0], "ROW_SUM_DOT": kn["ROW_SUM"] == "dot",
         "FINISH": False, "WRITE32": False, "OVERLAP": kn["DECODE_WS_SCHEDULE"] == "overlap"}, 4, 1, ALIGNED,
-        maxnreg=mod.DEC_MAXNREG) if dec_ok else None
+        maxnreg=mod._dec_plan(kn["BLOCK_N"], args.head_dim)[1]) if dec_ok else None
     print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode,
                       "merge": merge, "prefill_ws": prefill_ws, "decode_ws": decode_ws}, indent=1))
     return 0

@@ -1445,6 +1445,16 @@ DEC_MAXNREG_ALONE = 168
 DEC_FIXED_SMEM = 10 * 1024  # beside the slots: ones tile, barriers, layout-conversion scratch (offline sm_90a compile)
 
 
+def _dec_plan(block_n: int, head_d: int) -> tuple[int, int]:
+    """The Gluon decode's (sub-block slots, registers a thread at launch). A block holds its sub-blocks' slots until
+    its PV is done; the overlapped schedule also needs the next block's K tiles before that, so it needs two
+    blocks' slots (fewer would deadlock the loader and the consumer)."""
+    overlap = KNOBS["DECODE_WS_SCHEDULE"] == "overlap"
+    slots = max(KNOBS["DECODE_WS_BUFFERS"], block_n // 64 * (2 if overlap else 1))
+    two_per_sm = 2 * (slots * 2 * 64 * head_d * 2 + DEC_FIXED_SMEM + 1024) <= 228 * 1024
+    return slots, DEC_MAXNREG if two_per_sm else DEC_MAXNREG_ALONE
+
+
 def _dec_covers(q, k_cache, v_cache) -> bool:
     """Whether the Gluon decode covers this call: a Hopper GPU, head dim 64 or 128, GQA packed (at most 64 query
     heads per KV head), 64-key blocks or 128-key blocks with the dot row sum, contiguous aligned tensors."""
@@ -1462,11 +1472,9 @@ def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws,
     # Rank 3 ([B * HKV, S_cap, D]): sub-blocks reaching past the cache read zeros, never the next head's rows.
     k_desc = TensorDescriptor(k_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
     v_desc = TensorDescriptor(v_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
-    slots = max(KNOBS["DECODE_WS_BUFFERS"], KNOBS["BLOCK_N"] // 64)  # a block's sub-blocks are in use together
-    two_per_sm = 2 * (slots * 2 * 64 * D * 2 + DEC_FIXED_SMEM + 1024) <= 228 * 1024
+    slots, maxnreg = _dec_plan(KNOBS["BLOCK_N"], D)
     _dec_kernel[grid](
         q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, n_chunks, qk_scale, HQ, HKV, HQ // HKV,
         HEAD_D=D, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"], CPP=cpp, NUM_BUF=slots,
         ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", FINISH=finish, WRITE32=write32,
-        OVERLAP=KNOBS["DECODE_WS_SCHEDULE"] == "overlap", num_warps=4,
-        maxnreg=DEC_MAXNREG if two_per_sm else DEC_MAXNREG_ALONE)
+        OVERLAP=KNOBS["DECODE_WS_SCHEDULE"] == "overlap", num_warps=4, maxnreg=maxnreg)

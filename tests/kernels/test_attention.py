@@ -643,6 +643,70 @@ def test_root_and_hopper_knobs_compile_for_hopper():
         assert rep["merge"]["LDG"] > 0 and rep["merge"]["spill_store_bytes"] == 0, rep["merge"]
         # The Gluon prefill: TMA loads and register budgets set per warp-specialised partition.
         assert rep["prefill_ws"]["UTMALDG"] > 0 and rep["prefill_ws"]["USETMAXREG"] > 0, rep["prefill_ws"]
+        if knobs.get("ROW_SUM", "reduce") == "reduce":  # the Gluon decode takes reduced and dot row sums
+            dec = rep["decode_ws"]
+            assert dec["HGMMA"] > 0 and dec["UTMALDG"] > 0 and dec["spill_store_bytes"] == 0, dec
+            assert dec["shared_bytes"] <= 227 * 1024
+
+
+def test_gluon_dot_row_sum_kernels_compile_for_hopper():
+    # 128-key blocks with the dot row sum: the Gluon prefill issues the ones dot (one more wgmma per block and
+    # consumer) and the Gluon decode streams 64-key sub-blocks; neither spills, and the decode's default three
+    # slots leave room for two programs an SM.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    reps = {}
+    for sched in ("serial", "overlap"):
+        knobs = {"BLOCK_N": 128, "ROW_SUM": "dot", "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
+                 "FULL_NUM_STAGES": 2, "DECODE_WS_SCHEDULE": sched}
+        r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
+                            "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        reps[sched] = rep = json.loads(r.stdout)
+        ws, dec = rep["prefill_ws"], rep["decode_ws"]
+        assert ws["spill_store_bytes"] == 0 and ws["HGMMA"] > 0 and ws["shared_bytes"] <= 227 * 1024, ws
+        assert dec["spill_store_bytes"] == 0 and dec["UTMALDG"] > 0 and dec["USETMAXREG"] > 0, dec
+        assert rep["prefill"]["shared_bytes"] <= 227 * 1024  # three Triton stages would not fit here
+    assert 2 * (reps["serial"]["decode_ws"]["shared_bytes"] + 1024) <= 228 * 1024
+    assert reps["overlap"]["decode_ws"]["HGMMA"] > reps["serial"]["decode_ws"]["HGMMA"]  # prologue + loop + last
+
+
+def test_gluon_decode_plan_never_starves_its_ring():
+    # A 128-key block holds two 64-key slots until its PV is done, and the overlapped schedule also needs the next
+    # block's K tiles by then: fewer slots than that deadlock the loader against the consumer (seen on the GPU).
+    for bn, sched, bufs, dim, want in ((128, "serial", 3, 128, (3, 128)), (128, "overlap", 3, 128, (4, 168)),
+                                       (128, "overlap", 2, 64, (4, 128)), (64, "overlap", 2, 128, (2, 128)),
+                                       (128, "serial", 2, 128, (2, 128)), (128, "serial", 6, 128, (6, 168))):
+        mod = load(with_knobs(FAMILY.root_source(), DECODE_WS_SCHEDULE=sched, DECODE_WS_BUFFERS=bufs))
+        slots, regs = mod._dec_plan(bn, dim)
+        assert (slots, regs) == want, (bn, sched, bufs, dim, slots, regs)
+        assert slots >= bn // 64 * (2 if sched == "overlap" else 1)
+        # registers: two programs of two warpgroups fit the SM's 65,536 only at 128 a thread
+        smem = slots * 2 * 64 * dim * 2 + mod.DEC_FIXED_SMEM + 1024
+        assert (regs == mod.DEC_MAXNREG) == (2 * smem <= 228 * 1024)
+        assert regs * 256 * (2 if regs == mod.DEC_MAXNREG else 1) <= 65536
+
+
+def test_gluon_decode_falls_back_to_triton_where_it_does_not_apply():
+    # The Gluon decode needs a Hopper GPU (and GQA packing, a dot row sum at 128-key blocks); elsewhere DECODE_IMPL
+    # runs the Triton kernel, with the same bits.
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn((2, 4, 1, 64), generator=g).to(torch.bfloat16)
+    k = torch.randn((2, 2, 200, 64), generator=g).to(torch.bfloat16)
+    v = torch.randn((2, 2, 200, 64), generator=g).to(torch.bfloat16)
+    ctx = torch.tensor([200, 77], dtype=torch.int32)
+    want = torch.empty_like(q)
+    load(FAMILY.root_source()).decode(q, k, v, ctx, 0.125, want)
+    mod = load(with_knobs(FAMILY.root_source(), DECODE_IMPL="gluon_ws"))
+    assert mod._dec_covers(q, k, v) is False
+    got = torch.empty_like(q)
+    mod.decode(q, k, v, ctx, 0.125, got)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
 def test_gluon_prefill_shared_memory_plan():
