@@ -37,6 +37,9 @@ KNOB_SETS = {
     "bn64_reduce_s512_overlap": {"BLOCK_N": 64, "SPLIT_TOKENS": 512, "DECODE_WS_SCHEDULE": "overlap"},
     "bn64_dot_s512": {"BLOCK_N": 64, "ROW_SUM": "dot", "SPLIT_TOKENS": 512},
     "bn128_dot_s512_single": {**DOT128, "SPLIT_TOKENS": 512, "DECODE_FINISH_SINGLE": True},
+    "bn128_tree_s1024": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4},
+    "bn128_tree_s1024_overlap": {**DOT128, "ROW_SUM": "tree", "DECODE_WS_SCHEDULE": "overlap"},
+    "bn64_tree_s512": {"BLOCK_N": 64, "ROW_SUM": "tree", "SPLIT_TOKENS": 512},
 }
 # (batch lengths, cache capacity, query heads, KV heads, head dim)
 CASES = [([1, 77, 1000, 2100], 2304, 8, 2, 128), ([513, 4095], 4100, 32, 8, 128), ([300, 64, 129], 512, 4, 4, 64),

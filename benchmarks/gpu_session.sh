@@ -106,8 +106,8 @@ while [ $# -gt 0 ]; do
       timeout 150 python3 benchmarks/attention_host_time_gpu.py --out "$OUT/attention_host_time.json" 2>&1 | tail -60 ;;
     attention_rowsum_split)  # whether a 128-key softmax step splits into 64-key halves bit for bit
       timeout 200 python3 benchmarks/attention_rowsum_split_gpu.py --out "$OUT/attention_rowsum_split.json" 2>&1 | tail -20 ;;
-    attention_gluon_decode)  # the Gluon decode / dot-row-sum prefill against Triton, bit for bit (a quick gate)
-      timeout 150 python3 benchmarks/attention_gluon_decode_gpu.py --out "$OUT/attention_gluon_decode.json" 2>&1 | tail -30 ;;
+    attention_gluon_decode)  # the Gluon decode / prefill against Triton, bit for bit (a quick gate; GLUON_DECODE_SETS picks knob sets)
+      timeout 150 python3 benchmarks/attention_gluon_decode_gpu.py ${GLUON_DECODE_SETS:+--sets $GLUON_DECODE_SETS} --out "$OUT/attention_gluon_decode.json" 2>&1 | tail -30 ;;
     campaign_attention)  # the knob search on six grid cells (see campaign below)
       CAMPAIGN_ONLY='workloads.only=[prefill.B1.S4K,prefill.B1.S16K,train_forward.B4.S4K+128,decode.B1.ctx1K,decode.B1.ctx8K,decode.B16.ctx8K]' \
         campaign campaigns/h200_attention.yaml ;;

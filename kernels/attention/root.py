@@ -497,7 +497,7 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
 # other's MMAs. Per row it does what `_prefill_tile` does with the flat split loop: the same wgmma shapes (the
 # layouts Triton gives the 8-warp 128-row tile), the same expressions as `_attn_block` and `_merge` (restated:
 # Gluon cannot call Triton functions), the row sum reduced over the same accumulator layout. Path knob
-# FULL_IMPL; covered: ROW_SUM "reduce" and "dot", head dim 64/128, any sequence length. Q, K and V come through rank-3
+# FULL_IMPL; covered: every ROW_SUM, head dim 64/128, any sequence length. Q, K and V come through rank-3
 # [heads, seq, dim] descriptors, so rows past the sequence load as zeros, as `_load_block`'s masked loads do.
 WS_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
 WS_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -581,11 +581,13 @@ def _ws_probs(s, c_m, c_l, j, rows, qk_scale, masked, ones, S_LAYOUT: gl.constex
     """`_attn_block`'s softmax step for block j's scores: (bf16 P as the PV operand, alpha, m, l); with
     ROW_SUM_DOT the row sum's dot is issued and waited here (with any MMA still in flight)."""
     p16, p, alpha, m_new = _ws_scores_to_probs(s, c_m, j, rows, qk_scale, masked, S_LAYOUT, P_LAYOUT, BLOCK_N)
+    S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     if ROW_SUM_DOT:
-        S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
         a = _ws_row_sum_operand(p16)
         rs, _a = warpgroup_mma_wait(0, deps=[_ws_row_sum_issue(a, ones), a])
         l_new = gl.fma(c_l, alpha, _ws_row_sum_take(rs, S_ROW))
+    elif ROW_SUM_TREE:
+        l_new = gl.fma(c_l, alpha, gl.convert_layout(_ws_tree_rows(p, BLOCK_N), S_ROW))
     else:
         l_new = gl.fma(c_l, alpha, gl.sum(p, 1))
     return p16, alpha, m_new, l_new
@@ -603,6 +605,25 @@ def _ws_scores_to_probs(s, c_m, j, rows, qk_scale, masked, S_LAYOUT: gl.constexp
     p = gl.exp2(gl.fma(s, qk_scale, -(m_use * qk_scale)[:, None]))
     alpha = gl.exp2((c_m - m_use) * qk_scale)
     return gl.convert_layout(p.to(gl.bfloat16), P_LAYOUT), p, alpha, m_new
+
+
+@gluon.jit
+def _ws_tree_levels(p):
+    """`_tree_rows`' first levels over one 64-column block of p [R, 64]: columns c0, then c3 .. c5 -> [R, c2, c1]."""
+    R: gl.constexpr = p.shape[0]
+    return gl.sum(gl.sum(gl.sum(gl.sum(gl.reshape(p, (R, 2, 2, 2, 2, 2, 2)), 6), 3), 2), 1)
+
+
+@gluon.jit
+def _ws_tree_rows(p, BLOCK_N: gl.constexpr):
+    """`_tree_rows` (ROW_SUM="tree"): the same pairwise adds in the same tree, whatever p's layout."""
+    R: gl.constexpr = p.shape[0]
+    gl.static_assert(BLOCK_N == 64 or BLOCK_N == 128)
+    if BLOCK_N == 64:
+        x = _ws_tree_levels(p)
+    else:
+        x = gl.sum(gl.sum(gl.sum(gl.sum(gl.sum(gl.reshape(p, (R, 2, 2, 2, 2, 2, 2, 2)), 7), 4), 3), 2), 1)
+    return gl.sum(gl.sum(x, 2), 1)  # c1, then c2
 
 
 # `ROW_SUM="dot"`: the row sum as a wgmma of the bf16 probabilities with a [keys, 16] ones tile (N 16, the
@@ -1020,8 +1041,8 @@ def _dec_mask(s, start, n, masked, S_LAYOUT: gl.constexpr):
 def _dec_softmax(s0, s1, m_i, start, n, qk_scale, S_LAYOUT: gl.constexpr, P_LAYOUT: gl.constexpr,
                  NSUB: gl.constexpr):
     """`_attn_block`'s softmax step from the block's sub-block scores: (bf16 P per sub-block as the PV operand,
-    the reduced row sum of a one-sub-block block, alpha, m). The max is exact, so the max over the sub-blocks is
-    the whole block's; the probabilities are element-wise."""
+    the row sum unless it is a dot (the tree; the reduction of a one-sub-block block), alpha, m). The max is
+    exact, so the max over the sub-blocks is the whole block's; the probabilities are element-wise."""
     masked = start + NSUB * DEC_SUB > n
     s0 = _dec_mask(s0, start, n, masked, S_LAYOUT)
     m_blk = gl.max(s0, 1)
@@ -1034,11 +1055,20 @@ def _dec_softmax(s0, s1, m_i, start, n, qk_scale, S_LAYOUT: gl.constexpr, P_LAYO
     p0 = gl.exp2(gl.fma(s0, qk_scale, -(m_use * qk_scale)[:, None]))
     p16_0 = gl.convert_layout(p0.to(gl.bfloat16), P_LAYOUT)
     if NSUB == 2:
-        p16_1 = gl.convert_layout(gl.exp2(gl.fma(s1, qk_scale, -(m_use * qk_scale)[:, None])).to(gl.bfloat16),
-                                  P_LAYOUT)
+        p1 = gl.exp2(gl.fma(s1, qk_scale, -(m_use * qk_scale)[:, None]))
+        p16_1 = gl.convert_layout(p1.to(gl.bfloat16), P_LAYOUT)
     else:
         p16_1 = p16_0
-    return p16_0, p16_1, gl.sum(p0, 1), alpha, m_new
+    if ROW_SUM_TREE:  # the tree's column bit 6 is the sub-block: its other levels per sub-block, then that add
+        if NSUB == 2:
+            x = _ws_tree_levels(p0) + _ws_tree_levels(p1)
+            row_sum = gl.sum(gl.sum(x, 2), 1)
+        else:
+            row_sum = _ws_tree_rows(p0, DEC_SUB)
+        row_sum = gl.convert_layout(row_sum, gl.SliceLayout(1, S_LAYOUT))
+    else:
+        row_sum = gl.sum(p0, 1)
+    return p16_0, p16_1, row_sum, alpha, m_new
 
 
 @gluon.jit
@@ -1101,7 +1131,7 @@ def _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, q
     P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
     S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
     NSUB: gl.constexpr = BLOCK_N // DEC_SUB
-    gl.static_assert(NSUB == 1 or (NSUB == 2 and ROW_SUM_DOT))  # a reduced row sum does not split
+    gl.static_assert(NSUB == 1 or (NSUB == 2 and (ROW_SUM_DOT or ROW_SUM_TREE)))  # a reduced row sum does not split
     acc = gl.zeros([WS_ROWS, HEAD_D], gl.float32, O_LAYOUT)
     m_i = gl.full([WS_ROWS], float("-inf"), gl.float32, S_ROW)
     l_i = gl.zeros([WS_ROWS], gl.float32, S_ROW)
@@ -1287,12 +1317,13 @@ def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int
 
 
 def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
-    """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, a reduced or dot row sum, head dim
-    64 or 128, contiguous aligned tensors) and return True; else False and the caller runs Triton."""
+    """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, 32- to 128-key blocks (64 or 128 for
+    the tree row sum), head dim 64 or 128, contiguous aligned tensors) and return True; else False and the caller
+    runs Triton."""
     B, HQ, S, D = q.shape
     bn = KNOBS["BLOCK_N"]
     if not (q.is_cuda and _device(q.device)[1] == 9 and D in (64, 128)
-            and KNOBS["ROW_SUM"] in ("reduce", "dot") and 128 % bn == 0
+            and 128 % bn == 0 and (bn >= 64 or KNOBS["ROW_SUM"] != "tree")
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))):
         return False
     # Rank 3 ([heads, seq, dim]): a box reaching past the sequence end reads zeros, never the next head's rows.
@@ -1457,11 +1488,11 @@ def _dec_plan(block_n: int, head_d: int) -> tuple[int, int]:
 
 def _dec_covers(q, k_cache, v_cache) -> bool:
     """Whether the Gluon decode covers this call: a Hopper GPU, head dim 64 or 128, GQA packed (at most 64 query
-    heads per KV head), 64-key blocks or 128-key blocks with the dot row sum, contiguous aligned tensors."""
+    heads per KV head), 64-key blocks or 128-key blocks with a dot or tree row sum, contiguous aligned tensors."""
     group = q.shape[1] // k_cache.shape[1]
     bn, row_sum = KNOBS["BLOCK_N"], KNOBS["ROW_SUM"]
     return (q.is_cuda and _device(q.device)[1] == 9 and q.shape[3] in (64, 128) and KNOBS["DECODE_PACK_GQA"]
-            and group <= 64 and ((bn == 64 and row_sum in ("reduce", "dot")) or (bn == 128 and row_sum == "dot"))
+            and group <= 64 and (bn == 64 or (bn == 128 and row_sum in ("dot", "tree")))
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k_cache, v_cache)))
 
 
