@@ -78,6 +78,10 @@ VARIANTS["hopper_ws_bn128"] = {**VARIANTS["hopper_ws_s512"], "BLOCK_N": 128, "FU
 # against cuDNN's 3.80-3.81, but decode 0.880x SDPA (runs 34-35). Its short Triton launches spill at 128-key
 # blocks; FULL_IMPL="gluon_ws" runs them faster than cuDNN on the GPU (graphs) but pays the Gluon launch's host time.
 VARIANTS["hopper_bn128_s1024"] = {**VARIANTS["hopper_ws_bn128"], "SPLIT_TOKENS": 1024}
+# And with the tree row sum (contract), so decode runs on the Gluon kernel that streams 128-key blocks as 64-key
+# halves (4 slots): decode 0.989x SDPA (0.871 for the reduced row sum), prefill 0.917x cuDNN (0.946), run 39.
+VARIANTS["hopper_bn128_tree_s1024"] = {**VARIANTS["hopper_bn128_s1024"], "ROW_SUM": "tree", "DECODE_IMPL": "gluon_ws",
+                                       "DECODE_WS_BUFFERS": 4}
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.
 SWEEP: dict[str, dict[str, Any]] = {

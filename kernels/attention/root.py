@@ -927,8 +927,9 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
 # slots, and one warpgroup does `_attn_block` per block from its sub-blocks: the scores per sub-block (each score
 # is its own dot over the head dim), the row max over both (exact), the probabilities element-wise, and the row
 # sum and PV as dots chained over the sub-blocks in key order, which keeps the whole block's bits (the tensor
-# cores accumulate over keys in a fixed order that chaining preserves; measured on the H200). A reduced row sum
-# does not split, so 128-key blocks need `ROW_SUM="dot"`; 64-key blocks (one sub-block) take either. Chunks are
+# cores accumulate over keys in a fixed order that chaining preserves; measured on the H200), or the tree row sum
+# with its top column bit as the sub-block. A reduced row sum does not split: 128-key blocks need `ROW_SUM` "dot"
+# or "tree" (the launcher sends only those here; see `_dec_covers`). Chunks are
 # written as `_chunks_to_partials` writes them and folded by the Triton merge launch (or, when the cache fits one
 # chunk, here). Path knob DECODE_IMPL; the query heads of one KV head are the tile's rows (GQA packed).
 DEC_SUB = gl.constexpr(64)  # keys per streamed sub-block
@@ -1488,11 +1489,13 @@ def _dec_plan(block_n: int, head_d: int) -> tuple[int, int]:
 
 def _dec_covers(q, k_cache, v_cache) -> bool:
     """Whether the Gluon decode covers this call: a Hopper GPU, head dim 64 or 128, GQA packed (at most 64 query
-    heads per KV head), 64-key blocks or 128-key blocks with a dot or tree row sum, contiguous aligned tensors."""
+    heads per KV head), 128-key blocks with a dot or tree row sum, contiguous aligned tensors. (The kernel also
+    builds for 64-key blocks, one sub-block each, but with the reduced row sum at head dim 64 it disagreed with
+    the Triton decode on the H200 (runs 36 and 39, cause not found), and 64-key blocks have a fast Triton decode.)"""
     group = q.shape[1] // k_cache.shape[1]
     bn, row_sum = KNOBS["BLOCK_N"], KNOBS["ROW_SUM"]
     return (q.is_cuda and _device(q.device)[1] == 9 and q.shape[3] in (64, 128) and KNOBS["DECODE_PACK_GQA"]
-            and group <= 64 and (bn == 64 or (bn == 128 and row_sum in ("dot", "tree")))
+            and group <= 64 and bn == 128 and row_sum in ("dot", "tree")
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k_cache, v_cache)))
 
 

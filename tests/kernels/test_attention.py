@@ -643,16 +643,12 @@ def test_root_and_hopper_knobs_compile_for_hopper():
         assert rep["merge"]["LDG"] > 0 and rep["merge"]["spill_store_bytes"] == 0, rep["merge"]
         # The Gluon prefill: TMA loads and register budgets set per warp-specialised partition.
         assert rep["prefill_ws"]["UTMALDG"] > 0 and rep["prefill_ws"]["USETMAXREG"] > 0, rep["prefill_ws"]
-        if knobs.get("ROW_SUM", "reduce") == "reduce":  # the Gluon decode takes reduced and dot row sums
-            dec = rep["decode_ws"]
-            assert dec["HGMMA"] > 0 and dec["UTMALDG"] > 0 and dec["spill_store_bytes"] == 0, dec
-            assert dec["shared_bytes"] <= 227 * 1024
 
 
-def test_gluon_dot_row_sum_kernels_compile_for_hopper():
-    # 128-key blocks with the dot row sum: the Gluon prefill issues the ones dot (one more wgmma per block and
-    # consumer) and the Gluon decode streams 64-key sub-blocks; neither spills, and the decode's default three
-    # slots leave room for two programs an SM.
+def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
+    # 128-key blocks with the dot or tree row sum: the Gluon prefill issues the ones dot (one more wgmma per block
+    # and consumer) or the tree's adds, and the Gluon decode streams 64-key sub-blocks; nothing spills, and the
+    # decode's default three slots leave room for two programs an SM.
     import json
     import os
     import subprocess
@@ -661,19 +657,22 @@ def test_gluon_dot_row_sum_kernels_compile_for_hopper():
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     reps = {}
-    for sched in ("serial", "overlap"):
-        knobs = {"BLOCK_N": 128, "ROW_SUM": "dot", "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
+    for sched, row_sum in (("serial", "dot"), ("overlap", "dot"), ("serial", "tree")):
+        knobs = {"BLOCK_N": 128, "ROW_SUM": row_sum, "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
                  "FULL_NUM_STAGES": 2, "DECODE_WS_SCHEDULE": sched}
         r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
                             "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
-        reps[sched] = rep = json.loads(r.stdout)
+        reps[sched, row_sum] = rep = json.loads(r.stdout)
         ws, dec = rep["prefill_ws"], rep["decode_ws"]
         assert ws["spill_store_bytes"] == 0 and ws["HGMMA"] > 0 and ws["shared_bytes"] <= 227 * 1024, ws
         assert dec["spill_store_bytes"] == 0 and dec["UTMALDG"] > 0 and dec["USETMAXREG"] > 0, dec
         assert rep["prefill"]["shared_bytes"] <= 227 * 1024  # three Triton stages would not fit here
-    assert 2 * (reps["serial"]["decode_ws"]["shared_bytes"] + 1024) <= 228 * 1024
-    assert reps["overlap"]["decode_ws"]["HGMMA"] > reps["serial"]["decode_ws"]["HGMMA"]  # prologue + loop + last
+    assert 2 * (reps["serial", "dot"]["decode_ws"]["shared_bytes"] + 1024) <= 228 * 1024
+    assert reps["overlap", "dot"]["decode_ws"]["HGMMA"] > reps["serial", "dot"]["decode_ws"]["HGMMA"]  # + prologue
+    # the tree needs no ones product: fewer wgmmas than the dot in both kernels
+    for path in ("prefill_ws", "decode_ws"):
+        assert reps["serial", "tree"][path]["HGMMA"] < reps["serial", "dot"][path]["HGMMA"], path
 
 
 def test_gluon_decode_plan_never_starves_its_ring():
@@ -704,6 +703,8 @@ def test_gluon_decode_falls_back_to_triton_where_it_does_not_apply():
     load(FAMILY.root_source()).decode(q, k, v, ctx, 0.125, want)
     mod = load(with_knobs(FAMILY.root_source(), DECODE_IMPL="gluon_ws"))
     assert mod._dec_covers(q, k, v) is False
+    assert load(with_knobs(FAMILY.root_source(), DECODE_IMPL="gluon_ws", BLOCK_N=128, ROW_SUM="tree")) \
+        ._dec_covers(q, k, v) is False  # (a CPU tensor)
     got = torch.empty_like(q)
     mod.decode(q, k, v, ctx, 0.125, got)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
