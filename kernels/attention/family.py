@@ -176,6 +176,11 @@ class AttentionFamily(Family):
                             "K/V blocks through TMA descriptors", paths=("decode",),
                             knobs=("DECODE_MERGE_LAUNCH", "DECODE_KV_LOADS", "DECODE_FINISH_SINGLE",
                                    "DECODE_MERGE_ROWS", "DECODE_MERGE_LOADS")),
+            OpportunitySpec("streamed_decode", "Wide KV blocks with a decode that streams each block in 64-key "
+                            "halves (the Gluon decode): 128-key blocks halve the rescales per key in both paths, "
+                            "and the halves keep decode's shared memory small, but only a dot or tree row sum splits "
+                            "over halves with the same bits (joint: the row sum changes prefill too)",
+                            knobs=("BLOCK_N", "ROW_SUM", "DECODE_IMPL", "DECODE_WS_BUFFERS", "DECODE_WS_SCHEDULE")),
             OpportunitySpec("decode_memory", "Decode is bound by reading K/V once: wider vector loads, fewer "
                             "partials written, the merge folded into the last chunk's program (same fixed order)",
                             paths=("decode",)),
