@@ -13,7 +13,9 @@ contract them differently in masked and unmasked blocks or in the two paths. How
 (pointer loads or TMA tensor descriptors) and how the launches are chained (plain, or programmatic dependent
 launch for decode's merge) are path-only: they move bytes and launches, not arithmetic. So is which kernel
 runs prefill on Hopper (FULL_IMPL): this Triton one, or a warp-specialised Gluon kernel doing the same per-row
-operations (`_ws_prefill_kernel`, bit for bit the same on the GPU).
+operations (`_ws_prefill_kernel`, bit for bit the same on the GPU), and which computes decode's chunks
+(DECODE_IMPL): the Triton one, or a Gluon kernel that streams each 128-key block as two 64-key sub-blocks with the
+same operations per row (`_dec_kernel`; needs a dot or tree row sum, which split over sub-blocks bit for bit).
 """
 
 import torch
@@ -496,7 +498,8 @@ def _decode_merge_kernel(CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ
 # and each warpgroup owns 64 rows of the 128-row tile as its own partition, so one's softmax can run during the
 # other's MMAs. Per row it does what `_prefill_tile` does with the flat split loop: the same wgmma shapes (the
 # layouts Triton gives the 8-warp 128-row tile), the same expressions as `_attn_block` and `_merge` (restated:
-# Gluon cannot call Triton functions), the row sum reduced over the same accumulator layout. Path knob
+# Gluon cannot call Triton functions), the row sum as `_attn_block` takes it (reduced over the same accumulator
+# layout, a ones dot of the same shape, or the same tree). Path knob
 # FULL_IMPL; covered: every ROW_SUM, head dim 64/128, any sequence length. Q, K and V come through rank-3
 # [heads, seq, dim] descriptors, so rows past the sequence load as zeros, as `_load_block`'s masked loads do.
 WS_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (one wgmma M)
@@ -626,8 +629,8 @@ def _ws_tree_rows(p, BLOCK_N: gl.constexpr):
     return gl.sum(gl.sum(x, 2), 1)  # c1, then c2
 
 
-# `ROW_SUM="dot"`: the row sum as a wgmma of the bf16 probabilities with a [keys, 16] ones tile (N 16, the
-# narrowest the tensor cores take); every column holds the sum, the max over columns picks it exactly. Chained
+# `ROW_SUM="dot"`: the row sum as a wgmma of the bf16 probabilities with a [keys, 16] ones tile (N 16, the tile
+# `_attn_block` multiplies by); every column holds the sum, the max over columns picks it exactly. Chained
 # over key sub-blocks (acc in, acc out) it keeps the bits of the whole block's dot (measured, H200).
 WS_ONES_N = gl.constexpr(16)
 
@@ -849,7 +852,7 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
 @gluon.jit
 def _ws_ones(K: gl.constexpr, ROW_SUM_DOT: gl.constexpr, unused):
     """The [K, 16] bf16 ones tile of the dot row sum in shared memory (written by every thread, fenced for the
-    tensor cores before the partitions fork), or `unused` when the row sum is reduced."""
+    tensor cores before the partitions fork), or `unused` when the row sum is not a dot."""
     if ROW_SUM_DOT:
         fill: gl.constexpr = gl.BlockedLayout([1, 8], [16, 2], [4, 1], [1, 0])  # the 4 warps before the fork
         layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([K, WS_ONES_N], gl.bfloat16)
@@ -1060,7 +1063,8 @@ def _dec_softmax(s0, s1, m_i, start, n, qk_scale, S_LAYOUT: gl.constexpr, P_LAYO
         p16_1 = gl.convert_layout(p1.to(gl.bfloat16), P_LAYOUT)
     else:
         p16_1 = p16_0
-    if ROW_SUM_TREE:  # the tree's column bit 6 is the sub-block: its other levels per sub-block, then that add
+    if ROW_SUM_TREE:  # (the module constexpr) the tree's column bit 6 is the sub-block: its other levels per
+        # sub-block, then that add
         if NSUB == 2:
             x = _ws_tree_levels(p0) + _ws_tree_levels(p1)
             row_sum = gl.sum(gl.sum(x, 2), 1)
