@@ -1,7 +1,7 @@
 """The Gluon decode (DECODE_IMPL="gluon_ws") and the Gluon prefill with the layout-free row sums (dot, tree) against
-the Triton kernels of the same contract, bit for bit, on a GPU. A quick gate before the family's full checks and the timings: each
-knob set runs a few mixed-length decode batches (cache past every length filled with NaN, lengths that are not
-multiples of any block) and a prefill, and counts rows whose bits differ between
+the Triton kernels of the same contract, bit for bit, on a GPU. A quick gate before the family's full checks and
+the timings: each knob set runs a few mixed-length decode batches (cache past every length filled with NaN,
+lengths that are not multiples of any block) and a prefill, and counts rows whose bits differ between
 - the Gluon decode and the Triton decode (bf16 output and pre-cast fp32),
 - the decode and the prefill's row at the same position (the family's first consistency case),
 - the Gluon prefill and the Triton prefill.
@@ -37,7 +37,7 @@ KNOB_SETS = {
     "bn128_tree_s1024": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4},
     "bn128_tree_s1024_overlap": {**DOT128, "ROW_SUM": "tree", "DECODE_WS_SCHEDULE": "overlap"},
 }
-# (64-key blocks are not sent to the Gluon decode, see `_dec_covers`; runs 36 and 39 timed them through it.)
+# (64-key blocks are not sent to the Gluon decode, see `_dec_covers`; runs 36 and 39 checked them through it.)
 # (batch lengths, cache capacity, query heads, KV heads, head dim)
 CASES = [([1, 77, 1000, 2100], 2304, 8, 2, 128), ([513, 4095], 4100, 32, 8, 128), ([300, 64, 129], 512, 4, 4, 64),
          ([8192], 8192, 32, 8, 128)]
