@@ -76,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot"}, 4, 1, ALIGNED, maxnreg=maxnreg)
     # The Gluon decode (DECODE_IMPL), as `_dec_launch` launches it (partials for the merge launch).
     dec_sig = {"Q": "*bf16", "k_desc": desc(64), "v_desc": desc(64), "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
-               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "S_CAP": "i32", "N_CHUNKS": "i32",
-               "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "N_CHUNKS": "i32", "qk_scale": "fp32",
+               "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
     dec_ok = kn["BLOCK_N"] == 128 and kn["ROW_SUM"] in ("dot", "tree")  # what `_dec_covers` sends to it
     decode_ws = compile_sm90(mod._dec_kernel, dec_sig, {
         "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split, "CPP": cpp,

@@ -939,7 +939,7 @@ DEC_SUB = gl.constexpr(64)  # keys per streamed sub-block
 
 
 @gluon.jit
-def _dec_chunks(n, S_CAP, SPLIT: gl.constexpr, CPP: gl.constexpr):
+def _dec_chunks(n, SPLIT: gl.constexpr, CPP: gl.constexpr):
     """This program's chunks [c_lo, c_hi) of a sequence of n keys (one chunk when SPLIT is 0)."""
     if SPLIT == 0:
         return 0, 1
@@ -958,12 +958,12 @@ def _dec_bounds(c, n, SPLIT: gl.constexpr):
 
 
 @gluon.jit
-def _dec_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, S_CAP, HKV,
+def _dec_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, HKV,
                 BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, CPP: gl.constexpr, NUM_BUF: gl.constexpr):
     """One warp: per block, its sub-blocks' K tiles, then their V tiles (the scores need every K first)."""
     kv_head = gl.program_id(1)  # b * HKV + KV head, as the cache's flat heads
     n = gl.load(CTX + kv_head // HKV)
-    c_lo, c_hi = _dec_chunks(n, S_CAP, SPLIT, CPP)
+    c_lo, c_hi = _dec_chunks(n, SPLIT, CPP)
     u = 0  # sub-blocks loaded so far: ring slot and phase
     for c in range(c_lo, c_hi):
         lo, hi = _dec_bounds(c, n, SPLIT)
@@ -1177,10 +1177,10 @@ def _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, q
 
 
 @gluon.jit
-def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, S_CAP,
-                  N_CHUNKS, qk_scale, HQ, HKV, GROUP, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
-                  SPLIT: gl.constexpr, CPP: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr,
-                  FINISH: gl.constexpr, WRITE32: gl.constexpr, OVERLAP: gl.constexpr):
+def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, N_CHUNKS,
+                  qk_scale, HQ, HKV, GROUP, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
+                  CPP: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr, FINISH: gl.constexpr,
+                  WRITE32: gl.constexpr, OVERLAP: gl.constexpr):
     """One warpgroup: the GQA group's query heads as rows, this program's chunks, each stored as a partial (or,
     FINISH, the output: the one chunk alone when SPLIT is 0, else folded into the empty state first)."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -1201,7 +1201,7 @@ def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v
     o_rows = gl.arange(0, WS_ROWS, layout=O_ROW)
     o_cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, O_LAYOUT))
     s_rows = gl.arange(0, WS_ROWS, layout=S_ROW)
-    c_lo, c_hi = _dec_chunks(n, S_CAP, SPLIT, CPP)
+    c_lo, c_hi = _dec_chunks(n, SPLIT, CPP)
     u = 0  # sub-blocks consumed so far, as the loader counts them
     for c in range(c_lo, c_hi):
         lo, hi = _dec_bounds(c, n, SPLIT)
@@ -1227,7 +1227,7 @@ def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v
 
 
 @gluon.jit
-def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
+def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                 HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, CPP: gl.constexpr,
                 NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr, FINISH: gl.constexpr, WRITE32: gl.constexpr,
                 OVERLAP: gl.constexpr):
@@ -1242,10 +1242,10 @@ def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, S_CAP, N_CHU
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
-        (_dec_consumer, (Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, S_CAP,
-                         N_CHUNKS, qk_scale, HQ, HKV, GROUP, HEAD_D, BLOCK_N, SPLIT, CPP, NUM_BUF, ROW_SUM_DOT,
+        (_dec_consumer, (Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, N_CHUNKS,
+                         qk_scale, HQ, HKV, GROUP, HEAD_D, BLOCK_N, SPLIT, CPP, NUM_BUF, ROW_SUM_DOT,
                          FINISH, WRITE32, OVERLAP)),
-        (_dec_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, S_CAP, HKV, BLOCK_N, SPLIT,
+        (_dec_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, HKV, BLOCK_N, SPLIT,
                        CPP, NUM_BUF)),
     ], [1], [40])
 
@@ -1512,7 +1512,7 @@ def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws,
     v_desc = TensorDescriptor(v_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
     slots, maxnreg = _dec_plan(KNOBS["BLOCK_N"], D)
     _dec_kernel[grid](
-        q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, s_cap, n_chunks, qk_scale, HQ, HKV, HQ // HKV,
+        q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, HQ // HKV,
         HEAD_D=D, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"], CPP=cpp, NUM_BUF=slots,
         ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", FINISH=finish, WRITE32=write32,
         OVERLAP=KNOBS["DECODE_WS_SCHEDULE"] == "overlap", num_warps=4, maxnreg=maxnreg)
