@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ws_sig = {"q_desc": desc(64), "k_desc": desc(kn["BLOCK_N"]), "v_desc": desc(kn["BLOCK_N"]), "O": "*bf16",
               "O32": "*bf16", "S": "i32", "qk_scale": "fp32", "BH": "i32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
     cons, q_tiles, acc_smem, slots = mod._ws_plan(kn["BLOCK_N"], args.head_dim, kn["SPLIT_TOKENS"])
-    cons_regs, loader_regs, maxnreg = mod.WS_REGS[cons]
+    cons_regs, loader_regs, maxnreg = mod._ws_regs(cons)
     prefill_ws = compile_sm90(mod._ws_prefill_kernel, ws_sig, {
         "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": slots,
         "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap", "PERSISTENT": kn["FULL_WS_PERSISTENT"] != "off",

@@ -73,7 +73,7 @@ class AttentionFamily(Family):
              "L2), longest first; snake: the row_blocks order dealt forwards and backwards in turn, so every "
              "program gets long and short tiles; auto: snake for launches of at most 8 waves of tiles, else off"),
         Knob("FULL_IMPL", ("triton", "gluon_ws", "auto"), "full",
-             "which kernel runs prefill: the Triton one, or (Hopper, reduced row sum, head dim 64/128; else "
+             "which kernel runs prefill: the Triton one, or (Hopper, head dim 64/128, blocks of 32-128 keys; else "
              "Triton) a warp-specialised Gluon kernel with the same per-row operations: a "
              "TMA loader warp and one partition per 64-row warpgroup, no CTA barrier between them; auto: Gluon for "
              "launches of more than 4 waves of tiles, Triton below"),
@@ -94,6 +94,10 @@ class AttentionFamily(Family):
              "Gluon prefill: query tiles in shared memory; two let the loader fetch the next tile's query during "
              "this one, one leaves that room to K/V slots (FULL_WS_BUFFERS still caps them; 128-key blocks at "
              "head dim 128 get three instead of two: measured 3% slower on an H200, run 35)"),
+        Knob("FULL_WS_LOADER_REGS", ("auto", 24), "full",
+             "Gluon prefill: registers a thread of the loader warp keeps (setmaxnreg); the consumers share the "
+             "rest of the launch's budget. auto: 40 with two consumers (232 each), 32 with three (160 each); 24 "
+             "gives two consumers 240 each, which removes the persistent kernel's spill at 128-key blocks"),
         Knob("DECODE_IMPL", ("triton", "gluon_ws"), "decode",
              "which kernel computes decode's chunks: the Triton one (whole KV blocks per pipeline stage), or (Hopper, "
              "GQA packed, head dim 64/128, 128-key blocks with ROW_SUM dot or tree; else Triton) a warp-specialised "
@@ -170,7 +174,7 @@ class AttentionFamily(Family):
                             paths=("full",),
                             knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT", "FULL_IMPL",
                                    "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT",
-                                   "FULL_WS_CONSUMERS", "FULL_WS_QUERY_TILES")),
+                                   "FULL_WS_CONSUMERS", "FULL_WS_QUERY_TILES", "FULL_WS_LOADER_REGS")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -60,6 +60,7 @@ KNOBS = {
     "FULL_WS_PERSISTENT": "off",
     "FULL_WS_CONSUMERS": 2,
     "FULL_WS_QUERY_TILES": 2,
+    "FULL_WS_LOADER_REGS": "auto",
     "DECODE_IMPL": "triton",
     "DECODE_WS_BUFFERS": 3,
     "DECODE_WS_SCHEDULE": "serial",
@@ -1301,6 +1302,16 @@ _WS_DESC_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=
 WS_REGS = {2: (232, 40, 168), 3: (160, 32, 128)}
 
 
+def _ws_regs(cons: int) -> tuple[int, int, int]:
+    """WS_REGS, or with FULL_WS_LOADER_REGS a number the loader's registers and the rest of the launch's budget
+    split over the consumers (multiples of 8, as setmaxnreg takes them; at most 256)."""
+    loader = KNOBS["FULL_WS_LOADER_REGS"]
+    if loader == "auto":
+        return WS_REGS[cons]
+    launch = WS_REGS[cons][2]
+    return min(256, (launch * (cons + 1) - loader) // cons // 8 * 8), loader, launch
+
+
 def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int]:
     """Shared memory of the Gluon prefill: (consumer warpgroups, query tiles held, merged accumulators in shared
     memory, K/V slots). Two query tiles let the loader fetch the next tile's during this one; with 3 consumers
@@ -1344,12 +1355,13 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
     # next tile pays; beyond, the snake dealing cost more than it saved (H200: 4-5% by geomean, runs 23 and 25).
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
+    regs = _ws_regs(cons)
     _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV,
         HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
-        CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=WS_REGS[cons][0], LOADER_REGS=WS_REGS[cons][1],
-        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", num_warps=4, maxnreg=WS_REGS[cons][2])
+        CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=regs[0], LOADER_REGS=regs[1],
+        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", num_warps=4, maxnreg=regs[2])
     return True
 
 

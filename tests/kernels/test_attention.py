@@ -722,8 +722,14 @@ def test_gluon_prefill_shared_memory_plan():
         _, q_tiles, acc_smem, slots = plan
         used = q_tiles * cons * 64 * dim * 2 + slots * 2 * 64 * dim * 2 + (cons * 64 * (dim + 4) * 4 if acc_smem else 0)
         assert used <= mod.WS_SMEM_BYTES - 1024
-        regs, loader, launch = mod.WS_REGS[cons]
-        assert cons * regs * 128 + loader * 128 <= 65536 and launch * 32 * 4 * (cons + 1) <= 65536
+        # Every register split fits the launch's budget (setmaxnreg.inc waits for registers that never come
+        # otherwise) and is a multiple of 8 in setmaxnreg's range.
+        for loader_knob in FAMILY.knob("FULL_WS_LOADER_REGS").values:
+            regs, loader, launch = load(with_knobs(FAMILY.root_source(), FULL_WS_CONSUMERS=cons,
+                                                   FULL_WS_LOADER_REGS=loader_knob))._ws_regs(cons)
+            assert cons * regs + loader <= launch * (cons + 1) and launch * 32 * 4 * (cons + 1) <= 65536
+            assert all(r % 8 == 0 and 24 <= r <= 256 for r in (regs, loader)), (cons, loader_knob, regs, loader)
+    assert load(with_knobs(FAMILY.root_source(), FULL_WS_LOADER_REGS=24))._ws_regs(2) == (240, 24, 168)
     # One query tile gives its room to K/V slots: 128-key blocks at head dim 128 get a third slot, and it fits.
     for q_tiles, want in ((2, (2, 2, False, 2)), (1, (2, 1, False, 3))):
         mod = load(with_knobs(FAMILY.root_source(), FULL_WS_QUERY_TILES=q_tiles))
