@@ -36,11 +36,18 @@ KNOB_SETS = {
     "bn128_dot_s512_single": {**DOT128, "SPLIT_TOKENS": 512, "DECODE_FINISH_SINGLE": True},
     "bn128_tree_s1024": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4},
     "bn128_tree_s1024_overlap": {**DOT128, "ROW_SUM": "tree", "DECODE_WS_SCHEDULE": "overlap"},
+    # several chunks a Gluon program (cpp 2 and 4 in the last two cases) against the Triton decode's one
+    # the persistent Gluon prefill dealing tiles KV head by KV head
+    "bn128_tree_s512_kv": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4,
+                           "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": "waves", "FULL_WS_PERSISTENT": "snake",
+                           "FULL_WS_ORDER": "kv_heads", "FULL_WS_LOADER_REGS": 24},
+    "bn128_tree_s512_waves": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4,
+                              "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": "waves"},
 }
 # (64-key blocks are not sent to the Gluon decode, see `_dec_covers`; runs 36 and 39 checked them through it.)
 # (batch lengths, cache capacity, query heads, KV heads, head dim)
 CASES = [([1, 77, 1000, 2100], 2304, 8, 2, 128), ([513, 4095], 4100, 32, 8, 128), ([300, 64, 129], 512, 4, 4, 64),
-         ([8192], 8192, 32, 8, 128)]
+         ([8192], 8192, 32, 8, 128), ([4096, 3001] * 8, 4096, 32, 8, 128)]
 
 
 def differing_rows(a: torch.Tensor, b: torch.Tensor) -> int:

@@ -61,6 +61,7 @@ KNOBS = {
     "FULL_WS_CONSUMERS": 2,
     "FULL_WS_QUERY_TILES": 2,
     "FULL_WS_LOADER_REGS": "auto",
+    "FULL_WS_ORDER": "rows",
     "DECODE_IMPL": "triton",
     "DECODE_WS_BUFFERS": 3,
     "DECODE_WS_SCHEDULE": "serial",
@@ -508,20 +509,30 @@ WS_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bit
 WS_LOWER = gl.constexpr(0)
 WS_UPPER = gl.constexpr(1)
 WS_TOP = gl.constexpr(2)  # the third consumer (FULL_WS_CONSUMERS=3)
+WS_ROW_SNAKE = 1  # PERSISTENT: tiles row block by row block (FULL_WS_ORDER "rows"), or KV head by KV head
+WS_KV_SNAKE = gl.constexpr(2)
 
 
 @gluon.jit
 def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr, CONS: gl.constexpr):
     """This program's i-th tile of CONS * 64 rows: (first row, batch * head, flat KV head, end of its keys). One
     tile per program in launch order (a head's row blocks, longest first), or as one program per SM the
-    row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair."""
+    row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair. PERSISTENT
+    WS_KV_SNAKE deals them KV head by KV head (a KV head's row blocks, longest first, each with the query heads
+    sharing it side by side), so the tiles in flight read one or two KV heads' keys (which then stay in L2)
+    instead of every head's."""
     n_m = gl.cdiv(S, CONS * WS_ROWS)
     if PERSISTENT:
         p = gl.program_id(0)
         n_prog = gl.num_programs(0)
         t = i * n_prog + gl.where(i % 2 == 0, p, n_prog - 1 - p)
-        pid_m = n_m - 1 - t // BH
-        bh = t % BH
+        if PERSISTENT == WS_KV_SNAKE:
+            local = t % (n_m * GROUP)
+            pid_m = n_m - 1 - local // GROUP
+            bh = t // (n_m * GROUP) * GROUP + local % GROUP
+        else:
+            pid_m = n_m - 1 - t // BH
+            bh = t % BH
     else:
         pid_m = n_m - 1 - gl.program_id(0) % n_m
         bh = gl.program_id(0) // n_m
@@ -1355,6 +1366,7 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
     # next tile pays; beyond, the snake dealing cost more than it saved (H200: 4-5% by geomean, runs 23 and 25).
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
+    persistent = (WS_KV_SNAKE.value if KNOBS["FULL_WS_ORDER"] == "kv_heads" else WS_ROW_SNAKE) if persistent else 0
     regs = _ws_regs(cons)
     _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV,
@@ -1422,21 +1434,25 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     # A cache of at most one chunk: one launch (a shape choice; the bits are the merge's either way).
     finish_single = bool(split) and KNOBS["DECODE_FINISH_SINGLE"] and s_cap <= split
     merge = bool(split) and not finish_single
+    gluon = KNOBS["DECODE_IMPL"] == "gluon_ws" and _dec_covers(q, k_cache, v_cache)
+    # (Which program computes a chunk does not change its bits: each chunk starts fresh and is written as its own
+    # partial.)
     if split:
         n_chunks = triton.cdiv(s_cap, split)
-        if cpp == 0:  # "auto": the fewest programs that still give every SM two (which program computes a
-            # chunk does not change its bits: each chunk starts fresh and is written as its own partial)
-            programs = B * (HKV if pack else HQ)
+        programs = B * (HKV if pack else HQ)
+        if cpp == 0:  # "auto": the fewest programs that still give every SM two
             cpp = 1
             while cpp < n_chunks and triton.cdiv(n_chunks, 2 * cpp) * programs >= 2 * _sm_count(q.device):
                 cpp *= 2
+        elif cpp == "waves":
+            cpp = _waves_cpp(n_chunks, programs, _dec_per_sm(KNOBS["BLOCK_N"], D) if gluon else 2,
+                             _sm_count(q.device))
     else:
         n_chunks, cpp = 1, 1
     grid = (triton.cdiv(n_chunks, cpp), B * (HKV if pack else HQ))
     launch = KNOBS["DECODE_MERGE_LAUNCH"]
     if launch == "auto":  # H200, split 512 (run 27): the fused fold wins from 128 chunk programs, PDL up to 64
         launch = "fused" if grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
-    gluon = KNOBS["DECODE_IMPL"] == "gluon_ws" and _dec_covers(q, k_cache, v_cache)
     if gluon and launch == "fused":
         launch = "pdl"  # the Gluon decode has no in-kernel fold: its partials go to the merge launch
     # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
@@ -1491,6 +1507,21 @@ def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_
 DEC_MAXNREG = 128
 DEC_MAXNREG_ALONE = 168
 DEC_FIXED_SMEM = 10 * 1024  # beside the slots: ones tile, barriers, layout-conversion scratch (offline sm_90a compile)
+
+
+def _waves_cpp(n_chunks: int, programs: int, per_sm: int, sms: int) -> int:
+    """DECODE_CHUNKS_PER_PROGRAM "waves": the power of two (up to the chunk count's) whose launch takes the fewest
+    chunk-times (waves of programs, as many an SM as fit, times chunks a program), the largest among equals: the
+    fewest programs, whose loads stream on across their chunks instead of refilling a pipeline per program."""
+    def cost(cpp: int) -> int:
+        return triton.cdiv(triton.cdiv(n_chunks, cpp) * programs, per_sm * sms) * min(cpp, n_chunks)
+
+    return min((2 ** i for i in range((n_chunks - 1).bit_length() + 1)), key=lambda c: (cost(c), -c))
+
+
+def _dec_per_sm(block_n: int, head_d: int) -> int:
+    """Gluon decode programs an SM holds (shared memory)."""
+    return 2 if _dec_plan(block_n, head_d)[1] == DEC_MAXNREG else 1
 
 
 def _dec_plan(block_n: int, head_d: int) -> tuple[int, int]:

@@ -691,6 +691,30 @@ def test_gluon_decode_plan_never_starves_its_ring():
         assert regs * 256 * (2 if regs == mod.DEC_MAXNREG else 1) <= 65536
 
 
+def test_decode_waves_chunk_assignment():
+    # DECODE_CHUNKS_PER_PROGRAM "waves": one program an SM (the Gluon decode at 4 slots) streams a whole batch's
+    # chunks in one wave where a wave holds them, and never leaves chunks without a program.
+    mod = load(FAMILY.root_source())
+    for B, n_chunks, per_sm, want in ((16, 8, 1, 8), (4, 8, 1, 2), (1, 8, 1, 1), (8, 4, 1, 2), (16, 3, 1, 4),
+                                      (16, 8, 2, 4), (1, 1, 1, 1), (64, 8, 1, 8)):
+        cpp = mod._waves_cpp(n_chunks, B * 8, per_sm, 132)
+        assert cpp == want, (B, n_chunks, per_sm, cpp)
+        assert -(-n_chunks // cpp) * cpp >= n_chunks and cpp < 2 * n_chunks
+    # a path choice: the same bits as one chunk a program (mixed lengths, more chunks than programs)
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn((2, 4, 1, 64), generator=g).to(torch.bfloat16)
+    k = torch.randn((2, 2, 300, 64), generator=g).to(torch.bfloat16)
+    v = torch.randn((2, 2, 300, 64), generator=g).to(torch.bfloat16)
+    ctx = torch.tensor([300, 129], dtype=torch.int32)
+    outs = []
+    for cpp in (1, "waves"):
+        out = torch.empty_like(q)
+        load(with_knobs(FAMILY.root_source(), SPLIT_TOKENS=64, DECODE_CHUNKS_PER_PROGRAM=cpp)).decode(
+            q, k, v, ctx, 0.125, out)
+        outs.append(out)
+    assert torch.equal(outs[0].view(torch.int16), outs[1].view(torch.int16))
+
+
 def test_gluon_decode_falls_back_to_triton_where_it_does_not_apply():
     # The Gluon decode needs a Hopper GPU (and GQA packing, a dot row sum at 128-key blocks); elsewhere DECODE_IMPL
     # runs the Triton kernel, with the same bits.
