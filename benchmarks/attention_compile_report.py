@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     cons_regs, loader_regs, maxnreg = mod._ws_regs(cons)
     prefill_ws = compile_sm90(mod._ws_prefill_kernel, ws_sig, {
         "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": slots,
-        "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap", "PERSISTENT": (2 if kn["FULL_WS_ORDER"] == "kv_heads" else 1) if kn["FULL_WS_PERSISTENT"] != "off" else 0,
+        "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap", "PERSISTENT": kn["FULL_WS_PERSISTENT"] != "off",
         "WRITE32": False, "CONS": cons, "Q_TILES": q_tiles, "ACC_SMEM": acc_smem, "CONS_REGS": cons_regs,
         "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot"}, 4, 1, ALIGNED, maxnreg=maxnreg)
     # The Gluon decode (DECODE_IMPL), as `_dec_launch` launches it (partials for the merge launch).

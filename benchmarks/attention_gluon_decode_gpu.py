@@ -37,10 +37,10 @@ KNOB_SETS = {
     "bn128_tree_s1024": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4},
     "bn128_tree_s1024_overlap": {**DOT128, "ROW_SUM": "tree", "DECODE_WS_SCHEDULE": "overlap"},
     # several chunks a Gluon program (cpp 2 and 4 in the last two cases) against the Triton decode's one
-    # the persistent Gluon prefill dealing tiles KV head by KV head
-    "bn128_tree_s512_kv": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4,
-                           "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": "waves", "FULL_WS_PERSISTENT": "snake",
-                           "FULL_WS_ORDER": "kv_heads", "FULL_WS_LOADER_REGS": 24},
+    # the persistent Gluon prefill with 24 loader registers
+    "bn128_tree_s512_l24": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4,
+                            "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": "waves", "FULL_WS_PERSISTENT": "snake",
+                            "FULL_WS_LOADER_REGS": 24},
     "bn128_tree_s512_waves": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4,
                               "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": "waves"},
 }

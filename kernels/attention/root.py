@@ -61,7 +61,6 @@ KNOBS = {
     "FULL_WS_CONSUMERS": 2,
     "FULL_WS_QUERY_TILES": 2,
     "FULL_WS_LOADER_REGS": "auto",
-    "FULL_WS_ORDER": "rows",
     "DECODE_IMPL": "triton",
     "DECODE_WS_BUFFERS": 3,
     "DECODE_WS_SCHEDULE": "serial",
@@ -509,30 +508,22 @@ WS_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bit
 WS_LOWER = gl.constexpr(0)
 WS_UPPER = gl.constexpr(1)
 WS_TOP = gl.constexpr(2)  # the third consumer (FULL_WS_CONSUMERS=3)
-WS_ROW_SNAKE = 1  # PERSISTENT: tiles row block by row block (FULL_WS_ORDER "rows"), or KV head by KV head
-WS_KV_SNAKE = gl.constexpr(2)
 
 
 @gluon.jit
 def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr, CONS: gl.constexpr):
     """This program's i-th tile of CONS * 64 rows: (first row, batch * head, flat KV head, end of its keys). One
     tile per program in launch order (a head's row blocks, longest first), or as one program per SM the
-    row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair. PERSISTENT
-    WS_KV_SNAKE deals them KV head by KV head (a KV head's row blocks, longest first, each with the query heads
-    sharing it side by side), so the tiles in flight read one or two KV heads' keys (which then stay in L2)
-    instead of every head's."""
+    row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair. (Dealt KV head by KV
+    head instead, for L2 reuse, a round's tiles span a whole causal triangle and the snake no longer pairs them:
+    up to 1.7x slower, H200 run 42.)"""
     n_m = gl.cdiv(S, CONS * WS_ROWS)
     if PERSISTENT:
         p = gl.program_id(0)
         n_prog = gl.num_programs(0)
         t = i * n_prog + gl.where(i % 2 == 0, p, n_prog - 1 - p)
-        if PERSISTENT == WS_KV_SNAKE:
-            local = t % (n_m * GROUP)
-            pid_m = n_m - 1 - local // GROUP
-            bh = t // (n_m * GROUP) * GROUP + local % GROUP
-        else:
-            pid_m = n_m - 1 - t // BH
-            bh = t % BH
+        pid_m = n_m - 1 - t // BH
+        bh = t % BH
     else:
         pid_m = n_m - 1 - gl.program_id(0) % n_m
         bh = gl.program_id(0) // n_m
@@ -972,7 +963,9 @@ def _dec_bounds(c, n, SPLIT: gl.constexpr):
 @gluon.jit
 def _dec_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, HKV,
                 BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, CPP: gl.constexpr, NUM_BUF: gl.constexpr):
-    """One warp: per block, its sub-blocks' K tiles, then their V tiles (the scores need every K first)."""
+    """One warp: per block, its sub-blocks' K tiles, then their V tiles (the scores need every K first). A slot's
+    K and V are handed back separately (`empty` rows slot and NUM_BUF + slot): K once the scores are done, V
+    after the PV, so the next K tiles load during this block's softmax and PV."""
     kv_head = gl.program_id(1)  # b * HKV + KV head, as the cache's flat heads
     n = gl.load(CTX + kv_head // HKV)
     c_lo, c_hi = _dec_chunks(n, SPLIT, CPP)
@@ -988,6 +981,7 @@ def _dec_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, HK
                                                  _ws_box(k_bufs.index(slot), k_desc))
             for h in gl.static_range(BLOCK_N // DEC_SUB):
                 slot = (u + h) % NUM_BUF
+                mbarrier.wait(empty.index(NUM_BUF + slot), (((u + h) // NUM_BUF) & 1) ^ 1)
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
                 gtma.async_copy_global_to_shared(v_desc, [kv_head, start + h * DEC_SUB, 0], v_ready.index(slot),
                                                  _ws_box(v_bufs.index(slot), v_desc))
@@ -1017,13 +1011,16 @@ def _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT: gl.constexpr, NUM_BUF: gl.const
 
 
 @gluon.jit
-def _dec_scores_wait(t0, k0, t1, k1, NSUB: gl.constexpr, PENDING: gl.constexpr):
-    """The block's scores per sub-block once at most PENDING MMA groups issued after them are in flight."""
+def _dec_scores_wait(t0, k0, t1, k1, empty, u, NSUB: gl.constexpr, PENDING: gl.constexpr, NUM_BUF: gl.constexpr):
+    """The block's scores per sub-block (ring position u) once at most PENDING MMA groups issued after them are in
+    flight; their K slots go back to the loader."""
     if NSUB == 2:
         s0, _k0, s1, _k1 = warpgroup_mma_wait(PENDING, deps=[t0, k0, t1, k1])
     else:
         s0, _k0 = warpgroup_mma_wait(PENDING, deps=[t0, k0])
         s1 = s0
+    for h in gl.static_range(NSUB):
+        mbarrier.arrive(empty.index((u + h) % NUM_BUF), count=1)
     return s0, s1
 
 
@@ -1119,7 +1116,7 @@ def _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n, 
 def _dec_pv_done(acc, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, empty, u, S_ROW: gl.constexpr,
                  NUM_BUF: gl.constexpr, NSUB: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
     """Wait for the block's MMAs (every operand they read kept alive until then), fold its row sum into l and
-    hand its sub-block slots back to the loader: (acc, l)."""
+    hand its sub-blocks' V slots back to the loader: (acc, l)."""
     if ROW_SUM_DOT:
         if NSUB == 2:
             acc, rs, _v0, _v1, _p0, _p1, _a0, _a1 = warpgroup_mma_wait(
@@ -1131,7 +1128,7 @@ def _dec_pv_done(acc, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, emp
         acc, _v0, _p0 = warpgroup_mma_wait(0, deps=[acc, v0, p16_0])
         row_sum = reduced
     for h in gl.static_range(NSUB):
-        mbarrier.arrive(empty.index((u + h) % NUM_BUF), count=1)
+        mbarrier.arrive(empty.index(NUM_BUF + (u + h) % NUM_BUF), count=1)
     return acc, gl.fma(l_i, alpha, row_sum)
 
 
@@ -1154,14 +1151,15 @@ def _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, q
     l_i = gl.zeros([WS_ROWS], gl.float32, S_ROW)
     if OVERLAP:
         t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF, NSUB)
-        s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, 0)
+        s0, s1 = _dec_scores_wait(t0, k0, t1, k1, empty, u, NSUB, 0, NUM_BUF)
         p16_0, p16_1, reduced, alpha, m_i = _dec_softmax(s0, s1, m_i, lo, n, qk_scale, S_LAYOUT, P_LAYOUT, NSUB)
         for start in range(lo, hi - BLOCK_N, BLOCK_N):  # blocks followed by another in this chunk
             t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u + NSUB, S_LAYOUT, NUM_BUF, NSUB)
             tok, rs, v0, v1, a0, a1 = _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n,
                                                     HEAD_D, NUM_BUF, NSUB, ROW_SUM_DOT)
             # the scores, issued first, are done once only this block's row-sum and PV groups are in flight
-            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, NSUB * (2 if ROW_SUM_DOT else 1))
+            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, empty, u + NSUB, NSUB, NSUB * (2 if ROW_SUM_DOT else 1),
+                                      NUM_BUF)
             n16_0, n16_1, n_reduced, n_alpha, n_m = _dec_softmax(s0, s1, m_i, start + BLOCK_N, n, qk_scale,
                                                                  S_LAYOUT, P_LAYOUT, NSUB)
             acc, l_i = _dec_pv_done(tok, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, empty, u, S_ROW,
@@ -1176,7 +1174,7 @@ def _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, q
     else:
         for start in range(lo, hi, BLOCK_N):
             t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF, NSUB)
-            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, 0)
+            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, empty, u, NSUB, 0, NUM_BUF)
             p16_0, p16_1, reduced, alpha, m_new = _dec_softmax(s0, s1, m_i, start, n, qk_scale, S_LAYOUT, P_LAYOUT,
                                                                NSUB)
             tok, rs, v0, v1, a0, a1 = _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n,
@@ -1248,11 +1246,12 @@ def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk
     ones = _ws_ones(DEC_SUB, ROW_SUM_DOT, k_bufs)
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_BUF, 1], mbarrier.MBarrierLayout())  # K slots, V slots
     for i in gl.static_range(NUM_BUF):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(NUM_BUF + i), count=1)
     gl.warp_specialize([
         (_dec_consumer, (Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, N_CHUNKS,
                          qk_scale, HQ, HKV, GROUP, HEAD_D, BLOCK_N, SPLIT, CPP, NUM_BUF, ROW_SUM_DOT,
@@ -1366,7 +1365,6 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
     # next tile pays; beyond, the snake dealing cost more than it saved (H200: 4-5% by geomean, runs 23 and 25).
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
-    persistent = (WS_KV_SNAKE.value if KNOBS["FULL_WS_ORDER"] == "kv_heads" else WS_ROW_SNAKE) if persistent else 0
     regs = _ws_regs(cons)
     _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV,
