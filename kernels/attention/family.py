@@ -94,6 +94,10 @@ class AttentionFamily(Family):
              "Gluon prefill: query tiles in shared memory; two let the loader fetch the next tile's query during "
              "this one, one leaves that room to K/V slots (FULL_WS_BUFFERS still caps them; 128-key blocks at "
              "head dim 128 get three instead of two: measured 3% slower on an H200, run 35)"),
+        Knob("FULL_WS_BANDS", ("off", 8, 4), "full",
+             "Gluon prefill, persistent programs: deal the snake over bands of heads (whole GQA groups; the fewest "
+             "whose tiles make this many rounds of programs), the bands' rows alternating ascending and descending, "
+             "so the tiles in flight share fewer KV heads' keys in L2; off: all heads row block by row block"),
         Knob("FULL_WS_LOADER_REGS", ("auto", 24), "full",
              "Gluon prefill: registers a thread of the loader warp keeps (setmaxnreg); the consumers share the "
              "rest of the launch's budget. auto: 40 with two consumers (232 each), 32 with three (160 each); 24 "
@@ -175,7 +179,8 @@ class AttentionFamily(Family):
                             paths=("full",),
                             knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT", "FULL_IMPL",
                                    "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT",
-                                   "FULL_WS_CONSUMERS", "FULL_WS_QUERY_TILES", "FULL_WS_LOADER_REGS")),
+                                   "FULL_WS_CONSUMERS", "FULL_WS_QUERY_TILES", "FULL_WS_LOADER_REGS",
+                                   "FULL_WS_BANDS")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -61,6 +61,7 @@ KNOBS = {
     "FULL_WS_CONSUMERS": 2,
     "FULL_WS_QUERY_TILES": 2,
     "FULL_WS_LOADER_REGS": "auto",
+    "FULL_WS_BANDS": "off",
     "DECODE_IMPL": "triton",
     "DECODE_WS_BUFFERS": 3,
     "DECODE_WS_SCHEDULE": "serial",
@@ -508,10 +509,11 @@ WS_SMEM: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bit
 WS_LOWER = gl.constexpr(0)
 WS_UPPER = gl.constexpr(1)
 WS_TOP = gl.constexpr(2)  # the third consumer (FULL_WS_CONSUMERS=3)
+WS_BANDED = gl.constexpr(2)  # PERSISTENT: the snake over head bands (FULL_WS_BANDS)
 
 
 @gluon.jit
-def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr, CONS: gl.constexpr):
+def _ws_tile(i, S, BH, HQ, HKV, GROUP, HB, PERSISTENT: gl.constexpr, CONS: gl.constexpr):
     """This program's i-th tile of CONS * 64 rows: (first row, batch * head, flat KV head, end of its keys). One
     tile per program in launch order (a head's row blocks, longest first), or as one program per SM the
     row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair. (Dealt KV head by KV
@@ -522,8 +524,16 @@ def _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT: gl.constexpr, CONS: gl.conste
         p = gl.program_id(0)
         n_prog = gl.num_programs(0)
         t = i * n_prog + gl.where(i % 2 == 0, p, n_prog - 1 - p)
-        pid_m = n_m - 1 - t // BH
-        bh = t % BH
+        if PERSISTENT == WS_BANDED:
+            # head bands of HB (whole GQA groups), each row-block-major; the bands alternate ascending and
+            # descending rows (the last descending), so the tile lengths run as a zigzag the snake still pairs
+            band = t // (n_m * HB)
+            r = t % (n_m * HB) // HB
+            pid_m = gl.where((gl.cdiv(BH, HB) - 1 - band) % 2 == 1, r, n_m - 1 - r)
+            bh = band * HB + t % HB
+        else:
+            pid_m = n_m - 1 - t // BH
+            bh = t % BH
     else:
         pid_m = n_m - 1 - gl.program_id(0) % n_m
         bh = gl.program_id(0) // n_m
@@ -547,14 +557,14 @@ def _ws_n_tiles(S, BH, PERSISTENT: gl.constexpr, CONS: gl.constexpr):
 
 @gluon.jit
 def _ws_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
-               S, BH, HQ, HKV, GROUP, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, PERSISTENT: gl.constexpr,
+               S, BH, HQ, HKV, GROUP, HB, BLOCK_N: gl.constexpr, NUM_BUF: gl.constexpr, PERSISTENT: gl.constexpr,
                CONS: gl.constexpr, Q_TILES: gl.constexpr):
     """One warp: per tile, every consumer's query rows into one of Q_TILES tile slots, then K and V of every
     block into the slot ring (which runs on across tiles, so the next tile's first blocks load during this
     one's last)."""
     g = 0  # blocks loaded so far: ring slot and phase
     for i in range(_ws_n_tiles(S, BH, PERSISTENT, CONS)):
-        tile_start, bh, kv_head, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT, CONS)
+        tile_start, bh, kv_head, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, HB, PERSISTENT, CONS)
         qt = i % Q_TILES
         # A fresh mbarrier counts as having completed the phase before 0, so the first round passes at once.
         mbarrier.wait(q_empty.index(qt), ((i // Q_TILES) & 1) ^ 1)
@@ -817,7 +827,7 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, ones, g,
 
 @gluon.jit
 def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc_smem, ones, S, BH,
-                 HQ, HKV, GROUP, qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
+                 HQ, HKV, GROUP, HB, qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
                  SPLIT: gl.constexpr, NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
                  WRITE32: gl.constexpr, CONS: gl.constexpr, Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr,
                  ROW_SUM_DOT: gl.constexpr):
@@ -829,7 +839,7 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
     O_ROW: gl.constexpr = gl.SliceLayout(1, O_LAYOUT)
     g = 0  # blocks consumed so far: ring slot and phase, as the loader counts them
     for i in range(_ws_n_tiles(S, BH, PERSISTENT, CONS)):
-        tile_start, bh, _kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, PERSISTENT, CONS)
+        tile_start, bh, _kv_row0, hi = _ws_tile(i, S, BH, HQ, HKV, GROUP, HB, PERSISTENT, CONS)
         rows = tile_start + HALF * WS_ROWS + gl.arange(0, WS_ROWS, layout=S_ROW)
         mbarrier.wait(q_ready.index(i % Q_TILES), (i // Q_TILES) & 1)
         # The tile's blocks as `_prefill_tile` walks them: unmasked below its first row, masked from there to
@@ -868,7 +878,7 @@ def _ws_ones(K: gl.constexpr, ROW_SUM_DOT: gl.constexpr, unused):
 
 
 @gluon.jit
-def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV, GROUP,
+def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV, GROUP, HB,
                        HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
                        OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr, CONS: gl.constexpr,
                        Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr, CONS_REGS: gl.constexpr,
@@ -903,27 +913,27 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
     if CONS == 3:
         gl.warp_specialize([
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
-                            S, BH, HQ, HKV, GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
                             PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
-                            S, BH, HQ, HKV, GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
                             PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc2, ones,
-                            S, BH, HQ, HKV, GROUP, qk_scale, WS_TOP, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_TOP, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
                             PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
-                          S, BH, HQ, HKV, GROUP, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
+                          S, BH, HQ, HKV, GROUP, HB, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
         ], [4, 4, 1], [CONS_REGS, CONS_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
-                            S, BH, HQ, HKV, GROUP, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
                             PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
-                            S, BH, HQ, HKV, GROUP, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
+                            S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
                             PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
-                          S, BH, HQ, HKV, GROUP, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
+                          S, BH, HQ, HKV, GROUP, HB, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
         ], [4, 1], [CONS_REGS, LOADER_REGS])
 
 
@@ -963,9 +973,7 @@ def _dec_bounds(c, n, SPLIT: gl.constexpr):
 @gluon.jit
 def _dec_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, HKV,
                 BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, CPP: gl.constexpr, NUM_BUF: gl.constexpr):
-    """One warp: per block, its sub-blocks' K tiles, then their V tiles (the scores need every K first). A slot's
-    K and V are handed back separately (`empty` rows slot and NUM_BUF + slot): K once the scores are done, V
-    after the PV, so the next K tiles load during this block's softmax and PV."""
+    """One warp: per block, its sub-blocks' K tiles, then their V tiles (the scores need every K first)."""
     kv_head = gl.program_id(1)  # b * HKV + KV head, as the cache's flat heads
     n = gl.load(CTX + kv_head // HKV)
     c_lo, c_hi = _dec_chunks(n, SPLIT, CPP)
@@ -981,7 +989,6 @@ def _dec_loader(k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, HK
                                                  _ws_box(k_bufs.index(slot), k_desc))
             for h in gl.static_range(BLOCK_N // DEC_SUB):
                 slot = (u + h) % NUM_BUF
-                mbarrier.wait(empty.index(NUM_BUF + slot), (((u + h) // NUM_BUF) & 1) ^ 1)
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
                 gtma.async_copy_global_to_shared(v_desc, [kv_head, start + h * DEC_SUB, 0], v_ready.index(slot),
                                                  _ws_box(v_bufs.index(slot), v_desc))
@@ -1011,16 +1018,13 @@ def _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT: gl.constexpr, NUM_BUF: gl.const
 
 
 @gluon.jit
-def _dec_scores_wait(t0, k0, t1, k1, empty, u, NSUB: gl.constexpr, PENDING: gl.constexpr, NUM_BUF: gl.constexpr):
-    """The block's scores per sub-block (ring position u) once at most PENDING MMA groups issued after them are in
-    flight; their K slots go back to the loader."""
+def _dec_scores_wait(t0, k0, t1, k1, NSUB: gl.constexpr, PENDING: gl.constexpr):
+    """The block's scores per sub-block once at most PENDING MMA groups issued after them are in flight."""
     if NSUB == 2:
         s0, _k0, s1, _k1 = warpgroup_mma_wait(PENDING, deps=[t0, k0, t1, k1])
     else:
         s0, _k0 = warpgroup_mma_wait(PENDING, deps=[t0, k0])
         s1 = s0
-    for h in gl.static_range(NSUB):
-        mbarrier.arrive(empty.index((u + h) % NUM_BUF), count=1)
     return s0, s1
 
 
@@ -1116,7 +1120,7 @@ def _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n, 
 def _dec_pv_done(acc, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, empty, u, S_ROW: gl.constexpr,
                  NUM_BUF: gl.constexpr, NSUB: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
     """Wait for the block's MMAs (every operand they read kept alive until then), fold its row sum into l and
-    hand its sub-blocks' V slots back to the loader: (acc, l)."""
+    hand its sub-block slots back to the loader: (acc, l)."""
     if ROW_SUM_DOT:
         if NSUB == 2:
             acc, rs, _v0, _v1, _p0, _p1, _a0, _a1 = warpgroup_mma_wait(
@@ -1128,7 +1132,7 @@ def _dec_pv_done(acc, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, emp
         acc, _v0, _p0 = warpgroup_mma_wait(0, deps=[acc, v0, p16_0])
         row_sum = reduced
     for h in gl.static_range(NSUB):
-        mbarrier.arrive(empty.index(NUM_BUF + (u + h) % NUM_BUF), count=1)
+        mbarrier.arrive(empty.index((u + h) % NUM_BUF), count=1)
     return acc, gl.fma(l_i, alpha, row_sum)
 
 
@@ -1151,15 +1155,14 @@ def _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, q
     l_i = gl.zeros([WS_ROWS], gl.float32, S_ROW)
     if OVERLAP:
         t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF, NSUB)
-        s0, s1 = _dec_scores_wait(t0, k0, t1, k1, empty, u, NSUB, 0, NUM_BUF)
+        s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, 0)
         p16_0, p16_1, reduced, alpha, m_i = _dec_softmax(s0, s1, m_i, lo, n, qk_scale, S_LAYOUT, P_LAYOUT, NSUB)
         for start in range(lo, hi - BLOCK_N, BLOCK_N):  # blocks followed by another in this chunk
             t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u + NSUB, S_LAYOUT, NUM_BUF, NSUB)
             tok, rs, v0, v1, a0, a1 = _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n,
                                                     HEAD_D, NUM_BUF, NSUB, ROW_SUM_DOT)
             # the scores, issued first, are done once only this block's row-sum and PV groups are in flight
-            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, empty, u + NSUB, NSUB, NSUB * (2 if ROW_SUM_DOT else 1),
-                                      NUM_BUF)
+            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, NSUB * (2 if ROW_SUM_DOT else 1))
             n16_0, n16_1, n_reduced, n_alpha, n_m = _dec_softmax(s0, s1, m_i, start + BLOCK_N, n, qk_scale,
                                                                  S_LAYOUT, P_LAYOUT, NSUB)
             acc, l_i = _dec_pv_done(tok, rs, v0, v1, p16_0, p16_1, a0, a1, l_i, alpha, reduced, empty, u, S_ROW,
@@ -1174,7 +1177,7 @@ def _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, q
     else:
         for start in range(lo, hi, BLOCK_N):
             t0, k0, t1, k1 = _dec_scores(q, k_bufs, k_ready, u, S_LAYOUT, NUM_BUF, NSUB)
-            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, empty, u, NSUB, 0, NUM_BUF)
+            s0, s1 = _dec_scores_wait(t0, k0, t1, k1, NSUB, 0)
             p16_0, p16_1, reduced, alpha, m_new = _dec_softmax(s0, s1, m_i, start, n, qk_scale, S_LAYOUT, P_LAYOUT,
                                                                NSUB)
             tok, rs, v0, v1, a0, a1 = _dec_pv_issue(acc, alpha, p16_0, p16_1, v_bufs, v_ready, ones, u, start, n,
@@ -1246,12 +1249,11 @@ def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk
     ones = _ws_ones(DEC_SUB, ROW_SUM_DOT, k_bufs)
     k_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [2 * NUM_BUF, 1], mbarrier.MBarrierLayout())  # K slots, V slots
+    empty = gl.allocate_shared_memory(gl.int64, [NUM_BUF, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(NUM_BUF):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
-        mbarrier.init(empty.index(NUM_BUF + i), count=1)
     gl.warp_specialize([
         (_dec_consumer, (Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, N_CHUNKS,
                          qk_scale, HQ, HKV, GROUP, HEAD_D, BLOCK_N, SPLIT, CPP, NUM_BUF, ROW_SUM_DOT,
@@ -1342,6 +1344,16 @@ def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int
     raise triton.runtime.errors.OutOfResources(need, WS_SMEM_BYTES, "shared memory")
 
 
+def _ws_band(n_m: int, bh: int, group: int, programs: int) -> int:
+    """FULL_WS_BANDS: the persistent Gluon prefill's head band, the fewest heads (whole GQA groups, dividing the
+    launch's heads) whose tiles still make the knob's number of rounds of programs; all heads when off. A band's
+    tiles in flight read fewer KV heads' keys, which L2 can then hold (B1 16K: 64 MB of K/V for all 8 KV heads)."""
+    rounds = KNOBS["FULL_WS_BANDS"]
+    if rounds == "off":
+        return bh
+    return next(h for h in range(group, bh + 1, group) if bh % h == 0 and (n_m * h >= rounds * programs or h == bh))
+
+
 def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, 32- to 128-key blocks (64 or 128 for
     the tree row sum), head dim 64 or 128, contiguous aligned tensors) and return True; else False and the caller
@@ -1365,9 +1377,11 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
     # next tile pays; beyond, the snake dealing cost more than it saved (H200: 4-5% by geomean, runs 23 and 25).
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
+    band = _ws_band(triton.cdiv(S, cons * 64), B * HQ, HQ // HKV, min(tiles, sms)) if persistent else B * HQ
+    persistent = (WS_BANDED.value if band < B * HQ else 1) if persistent else 0
     regs = _ws_regs(cons)
     _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
-        *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV,
+        *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV, band,
         HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
         CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=regs[0], LOADER_REGS=regs[1],

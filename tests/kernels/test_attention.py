@@ -770,6 +770,18 @@ def test_gluon_prefill_shared_memory_plan():
     assert error_kind(e.value) == "resources" and e.value.required > mod.WS_SMEM_BYTES, e.value
 
 
+def test_gluon_prefill_head_bands():
+    # A band holds whole GQA groups, divides the launch's heads and, unless it is all of them, makes the knob's
+    # rounds of programs; off keeps every head in one band (the unbanded snake).
+    assert load(FAMILY.root_source())._ws_band(128, 32, 4, 132) == 32
+    for rounds, n_m, bh, group, want in ((8, 128, 32, 4, 16), (4, 128, 32, 4, 8), (8, 32, 128, 4, 64),
+                                         (4, 33, 64, 4, 16), (8, 8, 128, 4, 128), (4, 64, 24, 8, 24),
+                                         (4, 128, 24, 8, 8)):
+        band = load(with_knobs(FAMILY.root_source(), FULL_WS_BANDS=rounds))._ws_band(n_m, bh, group, 132)
+        assert band == want, (rounds, n_m, bh, group, band)
+        assert bh % band == 0 and band % group == 0 and (band == bh or n_m * band >= rounds * 132)
+
+
 def test_gluon_prefill_falls_back_to_triton_where_it_does_not_apply():
     # The Gluon prefill needs a Hopper GPU; elsewhere (here: the interpreter on the CPU) FULL_IMPL runs the Triton
     # kernel, with the same bits as the root.
