@@ -36,12 +36,12 @@ KNOB_SETS = {
     "bn128_dot_s512_single": {**DOT128, "SPLIT_TOKENS": 512, "DECODE_FINISH_SINGLE": True},
     "bn128_tree_s1024": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4},
     "bn128_tree_s1024_overlap": {**DOT128, "ROW_SUM": "tree", "DECODE_WS_SCHEDULE": "overlap"},
-    # several chunks a Gluon program (cpp 2 and 4 in the last two cases) against the Triton decode's one
     # the persistent Gluon prefill over head bands (several bands in the last three cases), two decode programs
     # an SM
     "bn128_tree_bands": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 3,
                          "DECODE_CHUNKS_PER_PROGRAM": "waves", "FULL_WS_PERSISTENT": "snake",
                          "FULL_WS_LOADER_REGS": 24, "FULL_WS_BANDS": 4},
+    # several chunks a Gluon program (cpp 2 and 4 in the last two cases) against the Triton decode's one
     "bn128_tree_s512_waves": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4,
                               "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": "waves"},
 }

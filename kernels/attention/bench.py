@@ -80,13 +80,13 @@ VARIANTS["hopper_ws_bn128"] = {**VARIANTS["hopper_ws_s512"], "BLOCK_N": 128, "FU
 VARIANTS["hopper_bn128_s1024"] = {**VARIANTS["hopper_ws_bn128"], "SPLIT_TOKENS": 1024}
 # And with the tree row sum (contract), so decode runs on the Gluon kernel that streams 128-key blocks as 64-key
 # halves (4 slots), one program an SM streaming on across its chunks ("waves"), and the Gluon prefill's consumers
-# given the loader's spare registers, its persistent snake dealt over head bands: decode 1.006-1.008x SDPA (0.871
-# for the reduced row sum), prefill 0.935x cuDNN (0.921 without bands, 0.948 for the reduced sum), runs 40-44.
+# given the loader's spare registers, its persistent snake dealt over head bands: decode 1.006-1.011x SDPA (0.871
+# for the reduced row sum), prefill 0.924-0.935x cuDNN (0.921 without bands, 0.948 for the reduced sum), runs 40-45.
 VARIANTS["hopper_bn128_tree_s1024"] = {**VARIANTS["hopper_bn128_s1024"], "ROW_SUM": "tree", "DECODE_IMPL": "gluon_ws",
                                        "DECODE_WS_BUFFERS": 4, "DECODE_CHUNKS_PER_PROGRAM": "waves",
                                        "FULL_WS_LOADER_REGS": 24, "FULL_WS_BANDS": 4}
 # The same with 512-token chunks (contract): twice the decode programs at batch 1: decode 1.038-1.045x SDPA (B1 ctx
-# 8K 15.9 us), prefill 0.909x cuDNN without bands (runs 40-44).
+# 8K 15.6-15.9 us), prefill 0.914x cuDNN (runs 40-45).
 VARIANTS["hopper_bn128_tree_s512"] = {**VARIANTS["hopper_bn128_tree_s1024"], "SPLIT_TOKENS": 512}
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.
