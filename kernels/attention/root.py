@@ -1449,9 +1449,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     gluon = KNOBS["DECODE_IMPL"] == "gluon_ws" and _dec_covers(q, k_cache, v_cache)
     # (Which program computes a chunk does not change its bits: each chunk starts fresh and is written as its own
     # partial.)
+    programs = B * (HKV if pack else HQ)  # per chunk
     if split:
         n_chunks = triton.cdiv(s_cap, split)
-        programs = B * (HKV if pack else HQ)
         if cpp == 0:  # "auto": the fewest programs that still give every SM two
             cpp = 1
             while cpp < n_chunks and triton.cdiv(n_chunks, 2 * cpp) * programs >= 2 * _sm_count(q.device):
@@ -1461,7 +1461,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
                              _sm_count(q.device))
     else:
         n_chunks, cpp = 1, 1
-    grid = (triton.cdiv(n_chunks, cpp), B * (HKV if pack else HQ))
+    grid = (triton.cdiv(n_chunks, cpp), programs)
     launch = KNOBS["DECODE_MERGE_LAUNCH"]
     if launch == "auto":  # H200, split 512 (run 27): the fused fold wins from 128 chunk programs, PDL up to 64
         launch = "fused" if grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
