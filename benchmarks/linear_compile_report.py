@@ -39,10 +39,16 @@ def report(mod, path: str, m: int, k: int = 4096, n: int = 4096) -> dict:
                                                    "swk"]
         consts = {k: v for k, v in consts.items() if k not in ("syn", "N_CHUNKS", "FLAT_CHUNKS", "HAS_BIAS",
                                                                 "WRITE32")}
+    elif sch["persistent_per_sm"]:  # full path: persistent programs over tiles (and in-program K chunks)
+        kernel, names = mod._linear_persistent_kernel, ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "y32_ptr", "M", "N",
+                                                        "K", "sxm", "swn", "sym", "syn"]
+        consts = {k: v for k, v in consts.items() if k not in ("sxk", "swk", "FLAT_CHUNKS", "EVEN_K", "USE_TMA",
+                                                                "UNROLL")}
     sig = {n: SIG.get(n, "constexpr") for n in names}
     out = compile_sm90(kernel, sig, consts, sch["warps"], sch["stages"], ALIGNED)
     return {"BLOCK_M": sch["bm"], "BLOCK_N": sch["bn"], "UNROLL": sch["unroll"], "warps": sch["warps"],
-            "stages": sch["stages"], "parallel_chunks": sch["parallel"], **out,
+            "stages": sch["stages"], "parallel_chunks": sch["parallel"], "persistent": bool(sch["persistent_per_sm"]),
+            **out,
             "fits_smem": out["shared_bytes"] <= SMEM_LIMIT}
 
 

@@ -50,6 +50,9 @@ class LinearFamily(Family):
              "full-path launches of one K chunk with TMA as persistent programs (as many as fit on the SMs at "
              "once) whose tile loop is one software pipeline, so the next tile loads during this one's epilogue: "
              "never, only for the deep-pipeline launches (K >= FULL_SHORT_K), or all"),
+        Knob("FULL_PERSISTENT_MAX_CHUNKS", (1, 2, 4), "full",
+             "persistent full-path launches may hold up to this many in-program K chunks per tile, walked as "
+             "(tile, chunk) items of one pipelined loop (1: only unsplit launches are persistent)"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
         Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
              "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "
@@ -111,7 +114,7 @@ class LinearFamily(Family):
             OpportunitySpec("full_tile", "Larger wgmma tiles and deeper pipelining for compute-bound prefill "
                             "GEMMs", paths=("full",),
                             knobs=("FULL_BLOCK_M", "FULL_BLOCK_N", "FULL_NUM_WARPS", "FULL_NUM_STAGES",
-                                   "FULL_USE_TMA", "FULL_PERSISTENT")),
+                                   "FULL_USE_TMA", "FULL_PERSISTENT", "FULL_PERSISTENT_MAX_CHUNKS")),
             OpportunitySpec("full_stages_by_k", "128x128 tiles with 3 stages fit two per SM; 4-5 stages one. "
                             "Long K (9728, 14336) ran 1.03-1.07x cuBLAS with 4-5 stages against 1.11-1.19x with "
                             "3, short K (2560) the reverse (H200): pick the depth by K", paths=("full",),

@@ -10,7 +10,8 @@ boundaries for every M (only for weights with K >= K_CHUNK_MIN_K: a property of 
 with K <= K_CHUNK, which that split would leave whole, may take chunks of K_CHUNK_SHORT instead);
 each chunk starts from a zero accumulator and the chunk results are added to a zero
 total in ascending order by `_merge`. The full path does that inside one program (one loop copy per chunk, or
-one flat loop that folds at chunk boundaries: *_CHUNK_LOOP); decode may run the chunks as parallel programs
+one flat loop that folds at chunk boundaries: *_CHUNK_LOOP; or, for up to FULL_PERSISTENT_MAX_CHUNKS equal chunks,
+a persistent program's (tile, chunk) items); decode may run the chunks as parallel programs
 writing fp32 partials, merged by a second launch with the same `_merge` and epilogue (DECODE_SPLIT_MAX_M and
 DECODE_SPLIT_MAX_TILES can keep launches that already have tiles enough in-program).
 
@@ -35,7 +36,7 @@ KNOBS = {
     "FULL_USE_TMA": True,
     "DECODE_BLOCK_M": 64,
     "DECODE_BLOCK_N": 0,
-    "DECODE_GROUP_M": 1,
+    "DECODE_GROUP_M": 4,
     "DECODE_NUM_WARPS": 4,
     "DECODE_NUM_STAGES": 6,
     "DECODE_SPLIT_PARALLEL": True,
@@ -51,12 +52,13 @@ KNOBS = {
     "DECODE_CHUNK_LOOP": "flat",
     "DECODE_SPLIT_MAX_M": 128,
     "DECODE_FULL_TILES_MIN_PROGRAMS": 96,
-    "K_CHUNK_MIN_K": 0,
-    "K_CHUNK_SHORT": 0,
+    "K_CHUNK_MIN_K": 4096,
+    "K_CHUNK_SHORT": 2048,
     "FULL_SHORT_K": 4096,
     "FULL_SHORT_K_NUM_STAGES": 3,
-    "DECODE_SPLIT_MAX_TILES": 0,
+    "DECODE_SPLIT_MAX_TILES": 128,
     "FULL_PERSISTENT": "long_k",
+    "FULL_PERSISTENT_MAX_CHUNKS": 2,
 }
 
 
@@ -215,23 +217,45 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, 
 @triton.jit(do_not_specialize=["M"])
 def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, swn, sym, syn,
                               HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr, BLOCK_M: tl.constexpr,
-                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                              K_CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr):
     # Each program walks tiles a grid apart; the tile loop nest is flattened into one software pipeline, so
     # the next tile's first K tiles load during this tile's epilogue. Per output: the K loop from a zero
     # accumulator and one merge into a zero total, the dot steps of the unsplit (or one-chunk) kernel above.
-    # (The flat chunk loop inside this nest measured 1.4-1.6x slower on the down projections: not used.)
+    # (A fold inside the K loop of this nest measured 1.4-1.6x slower on the down projections: not used.)
+    # With N_CHUNKS > 1 (K a multiple of K_CHUNK) the loop walks (tile, chunk) items instead, a tile's chunks
+    # back to back: one K loop per item from a zero accumulator, merged into the total carried from the tile's previous chunk (a zero
+    # total at chunk 0), stored after the last: the dot steps and merges of `_k_chunks_flat`.
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[sxm, 1], block_shape=[BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[swn, 1], block_shape=[BLOCK_N, BLOCK_K])
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
-        pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            acc = _tma_step(acc, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0)
-        total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), acc)
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        _store_tile(total, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
+    if N_CHUNKS == 1:
+        for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0), flatten=True):
+            pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                acc = _tma_step(acc, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0)
+            total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), acc)
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            _store_tile(total, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
+    else:
+        my_tiles = tl.cdiv(num_tiles - tl.program_id(0), tl.num_programs(0))
+        total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for item in tl.range(0, my_tiles * N_CHUNKS, flatten=True):
+            chunk = item % N_CHUNKS
+            tile = tl.program_id(0) + (item // N_CHUNKS) * tl.num_programs(0)
+            pid_m, pid_n = _tile_ids(tile, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for kk in range(0, K_CHUNK, BLOCK_K):  # bounds the item loop cannot change: it stays one pipeline
+                acc = _tma_step(acc, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, chunk * K_CHUNK + kk)
+            total = _merge(tl.where(chunk == 0, 0.0, total), acc)
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            # Every item computes the store's addresses; only the tile's last chunk stores (no rows pass M). A
+            # store under `if` instead fails Triton 3.6's nested-loop fusion (its scf.if result count).
+            last_rows = tl.where(chunk == N_CHUNKS - 1, rows, M)
+            _store_tile(total, b_ptr, y_ptr, y32_ptr, last_rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -343,9 +367,12 @@ def _schedule(M, N, K, path, sms=132):
     flat = not parallel and n_chunks > 1 and KNOBS[path + "_CHUNK_LOOP"] == "flat"
     if flat:
         sch["unroll"] = 1  # the flat loop folds chunk by chunk, tile by tile
-    # Persistent programs (full path, one K chunk; as many as fit at once: two per SM with the short-K pipeline).
-    persistent = path == "FULL" and n_chunks == 1 and {"off": False, "long_k": not short_k,
-                                                       "all": True}[KNOBS["FULL_PERSISTENT"]]
+    # Persistent programs (full path, K chunks in-program, at most FULL_PERSISTENT_MAX_CHUNKS of them; as many
+    # programs as fit at once: two per SM with the short-K pipeline).
+    in_program = n_chunks == 1 or (not parallel and n_chunks <= KNOBS["FULL_PERSISTENT_MAX_CHUNKS"]
+                                   and K % k_chunk == 0)  # equal chunks: the item loop's K bounds are fixed
+    persistent = path == "FULL" and in_program and {"off": False, "long_k": not short_k,
+                                                    "all": True}[KNOBS["FULL_PERSISTENT"]]
     return {**sch, "k_chunk": k_chunk, "n_chunks": n_chunks, "parallel": parallel, "flat": flat,
             "persistent_per_sm": (2 if short_k else 1) if persistent else 0}
 
@@ -369,8 +396,8 @@ def _launch(x, weight, bias, out, out32, path):
         _linear_persistent_kernel[(programs,)](
             x, weight, b, out, out32 if write32 else out, M, N, K, x.stride(0), weight.stride(0),
             out.stride(0), out.stride(1), HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_K=block_k, GROUP_M=sch["group_m"], num_warps=sch["warps"],
-            num_stages=sch["stages"])
+            BLOCK_K=block_k, GROUP_M=sch["group_m"], K_CHUNK=k_chunk, N_CHUNKS=sch["n_chunks"],
+            num_warps=sch["warps"], num_stages=sch["stages"])
         return
     if sch["parallel"]:
         ws = torch.empty((sch["n_chunks"], M, N), dtype=torch.float32, device=x.device)

@@ -9,7 +9,15 @@ import pytest
 
 from kernels.linear import FAMILY
 
-load, failures = _family.loader(FAMILY)
+_load, failures = _family.loader(FAMILY)
+
+
+def load(tag="root", source_edit=None, **knobs):
+    # The CPU cases have K <= 1088 and the root splits only weights of K >= 4096: a test that sets K_CHUNK
+    # means a split at these sizes unless it says otherwise.
+    if "K_CHUNK" in knobs:
+        knobs = {"K_CHUNK_MIN_K": 0, "K_CHUNK_SHORT": 0, **knobs}
+    return _load(tag, source_edit, **knobs)
 
 
 def test_root_passes_all_cases():
@@ -25,6 +33,9 @@ def test_root_passes_all_cases():
     # Persistent full path (4 "SMs" on the CPU): 37 x 96 in 32 x 32 tiles is 6 tiles, so programs take two.
     {"FULL_PERSISTENT": "all", "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 32, "FULL_GROUP_M": 4, "FULL_SHORT_K": 0},
     {"FULL_PERSISTENT": "all", "K_CHUNK": 512, "FULL_BLOCK_M": 32, "FULL_BLOCK_N": 64},
+    # Chunks as (tile, chunk) items of the persistent loop: k = 1088 in two chunks of 17 32-column steps.
+    {"FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32, "K_CHUNK": 544, "FULL_BLOCK_M": 32,
+     "FULL_BLOCK_N": 32, "FULL_GROUP_M": 4, "DECODE_SPLIT_PARALLEL": False},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
@@ -126,7 +137,8 @@ def test_root_schedule_follows_the_launch_shape():
     qkv256, o256 = sch(256, 6144, 2560, "DECODE"), sch(256, 2560, 4096, "DECODE")
     assert (qkv256["bm"], qkv256["bn"], qkv256["warps"]) == (128, 128, 8)  # 96 programs
     assert (o256["bm"], o256["bn"]) == (64, 128)  # 128x128: 40 programs; 64x64: 160, two waves of 132
-    assert sch(64, 2560, 4096, "DECODE")["bn"] == 32  # 80 programs of 64x32 beat 40 of 64x64
+    o64 = sch(64, 2560, 4096, "DECODE")  # the o weight's two 2048-column chunks in parallel: 80 programs
+    assert (o64["bn"], o64["n_chunks"], o64["parallel"]) == (64, 2, True)
     assert sch(64, 6144, 2560, "DECODE")["bn"] == 64  # 96 programs already
     down256 = sch(256, 2560, 9728, "DECODE")
     assert not down256["parallel"] and down256["n_chunks"] == 3 and down256["bn"] == 128  # 80 tiles in-program
@@ -135,7 +147,8 @@ def test_root_schedule_follows_the_launch_shape():
     assert one["parallel"] and one["bm"] == 16 and one["unroll"] == 4
     assert sch(4096, 2560, 9728, "FULL")["flat"] and sch(4096, 2560, 9728, "FULL")["stages"] == 5
     assert sch(4096, 6144, 2560, "FULL")["stages"] == 3 and sch(4096, 6144, 2560, "FULL")["n_chunks"] == 1
-    # Persistent programs only for the one-chunk, deep-pipeline launches of the full path.
+    # Persistent programs only for the deep-pipeline launches of the full path of at most two equal K chunks
+    # (o: K 4096 in two 2048-column chunks; down: three chunks, the flat loop).
     assert [sch(4096, n, k, "FULL")["persistent_per_sm"] for n, k in ((2560, 4096), (6144, 2560), (2560, 9728))] \
         == [1, 0, 0]
     assert sch(256, 2560, 4096, "DECODE")["persistent_per_sm"] == 0
@@ -146,3 +159,16 @@ def test_short_chunks_follow_the_weight_only():
     assert [impl._k_chunk(k) for k in (2560, 4096, 9728)] == [0, 2048, 4096]
     for m in (1, 64, 256, 4096):  # the rows never change it
         assert impl._schedule(m, 2560, 4096, "DECODE")["k_chunk"] == impl._schedule(m, 2560, 4096, "FULL")["k_chunk"]
+
+
+def test_persistent_chunks_take_only_short_splits():
+    # With the o weight (K 4096) in two 2048-column chunks, its full path stays persistent at
+    # FULL_PERSISTENT_MAX_CHUNKS 2; the down projection's three 4096-column chunks keep the flat loop.
+    sch = load("pc", K_CHUNK=4096, K_CHUNK_MIN_K=4096, K_CHUNK_SHORT=2048, FULL_PERSISTENT_MAX_CHUNKS=2)._schedule
+    o, down = sch(4096, 2560, 4096, "FULL"), sch(4096, 2560, 9728, "FULL")
+    assert (o["n_chunks"], o["persistent_per_sm"]) == (2, 1)
+    assert load("pc3", K_CHUNK=544, BLOCK_K=32, FULL_PERSISTENT="all", FULL_PERSISTENT_MAX_CHUNKS=2)._schedule(
+        67, 80, 1088, "FULL")["persistent_per_sm"] > 0  # the knob variant above runs the item loop
+    assert (down["n_chunks"], down["persistent_per_sm"], down["flat"]) == (3, 0, True)
+    assert load("pc1", K_CHUNK=4096, K_CHUNK_MIN_K=4096, K_CHUNK_SHORT=2048, FULL_PERSISTENT_MAX_CHUNKS=1)._schedule(
+        4096, 2560, 4096, "FULL")["persistent_per_sm"] == 0
