@@ -60,7 +60,9 @@ class LinearFamily(Family):
              "of programs over the SMs move the fewest bytes per SM"),
         Knob("DECODE_GROUP_M", (1, 4, 8), "decode", "row-tile grouping in decode"),
         Knob("DECODE_NUM_WARPS", (2, 4, 8), "decode", "warps per tile in decode"),
-        Knob("DECODE_NUM_STAGES", (2, 3, 4, 5, 6), "decode", "software pipelining depth of decode"),
+        Knob("DECODE_NUM_STAGES", (0, 2, 3, 4, 5, 6), "decode",
+             "software pipelining depth of decode; 0 = per launch, the deepest (up to 6) whose programs fit on "
+             "the SMs' shared memory in the fewest waves"),
         Knob("DECODE_SPLIT_PARALLEL", (False, True), "decode",
              "run K chunks as parallel programs plus a merge launch (else in-program) in decode"),
         Knob("DECODE_USE_TMA", (False, True), "decode", "load tiles with TMA descriptors in decode"),

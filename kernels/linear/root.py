@@ -38,7 +38,7 @@ KNOBS = {
     "DECODE_BLOCK_N": 0,
     "DECODE_GROUP_M": 4,
     "DECODE_NUM_WARPS": 4,
-    "DECODE_NUM_STAGES": 6,
+    "DECODE_NUM_STAGES": 0,
     "DECODE_SPLIT_PARALLEL": True,
     "DECODE_USE_TMA": True,
     "DECODE_K_UNROLL": 1,
@@ -331,6 +331,18 @@ def _auto_tiles(M, N, K, bm, k_chunk, n_chunks, may_split, max_tiles, sms):
     return bn, parallel
 
 
+SMEM_PER_SM = 233472  # bytes of shared memory per SM (H100/H200); each resident program also reserves 1 KB
+MAX_DECODE_STAGES = 6
+
+
+def _fit_stages(tiles, bm, bn, unroll, sms):
+    """DECODE_NUM_STAGES = 0: the deepest pipeline (<= MAX_DECODE_STAGES) among those whose programs fit on the
+    SMs in the fewest waves (shared memory decides how many 4-warp programs an SM holds; schedule only)."""
+    stage = (bm + bn) * KNOBS["BLOCK_K"] * 2 * unroll  # bf16 x and W tiles of one pipeline stage
+    return min(range(2, MAX_DECODE_STAGES + 1),
+               key=lambda s: (triton.cdiv(tiles, sms * max(1, SMEM_PER_SM // (s * stage + 1024))), -s))
+
+
 def _schedule(M, N, K, path, sms=132):
     """Tiles, warps, stages, unrolling and chunk execution of one launch (schedule only: no bits depend on it)."""
     k_chunk = _k_chunk(K)
@@ -364,6 +376,9 @@ def _schedule(M, N, K, path, sms=132):
         # A launch with tiles enough to fill the GPU gains nothing from parallel chunks but pays their merge.
         tiles = triton.cdiv(M, sch["bm"]) * triton.cdiv(N, sch["bn"])
         parallel = tiles <= KNOBS["DECODE_SPLIT_MAX_TILES"]
+    if path == "DECODE" and src == "DECODE" and KNOBS["DECODE_SMALL_M"] < M and sch["stages"] == 0:
+        tiles = triton.cdiv(M, sch["bm"]) * triton.cdiv(N, sch["bn"]) * (n_chunks if parallel else 1)
+        sch["stages"] = _fit_stages(tiles, sch["bm"], sch["bn"], sch["unroll"], sms)
     flat = not parallel and n_chunks > 1 and KNOBS[path + "_CHUNK_LOOP"] == "flat"
     if flat:
         sch["unroll"] = 1  # the flat loop folds chunk by chunk, tile by tile

@@ -59,6 +59,8 @@ def test_knob_variants_pass(knobs):
     {"K_CHUNK": 512, "DECODE_SPLIT_MAX_TILES": 8, "DECODE_SMALL_BLOCK_N": 16, "FULL_CHUNK_LOOP": "flat"},
     # k = 1088 <= K_CHUNK takes the short chunks (512, 512, 64), k = 200 < K_CHUNK_MIN_K stays whole.
     {"K_CHUNK": 2048, "K_CHUNK_SHORT": 512, "K_CHUNK_MIN_K": 1024, "FULL_CHUNK_LOOP": "flat"},
+    # Stages per launch (the depth that fits the launch in the fewest waves of the CPU's 4 "SMs").
+    {"DECODE_NUM_STAGES": 0, "DECODE_BLOCK_M": 16, "DECODE_BLOCK_N": 16, "DECODE_SMALL_M": 1},
 ])
 def test_unrolled_decode_variants_pass(knobs):
     # k = 200: 4 tiles, the last one partial (inside a group of 4, a leftover for 8); k = 1088: 17 tiles, groups
@@ -172,3 +174,12 @@ def test_persistent_chunks_take_only_short_splits():
     assert (down["n_chunks"], down["persistent_per_sm"], down["flat"]) == (3, 0, True)
     assert load("pc1", K_CHUNK=4096, K_CHUNK_MIN_K=4096, K_CHUNK_SHORT=2048, FULL_PERSISTENT_MAX_CHUNKS=1)._schedule(
         4096, 2560, 4096, "FULL")["persistent_per_sm"] == 0
+
+
+def test_decode_stages_fit_the_launch_in_fewest_waves():
+    # DECODE_NUM_STAGES 0: gate_up at 64 rows is 304 tiles of 64x64; 6 stages (96 KB) hold two programs an SM,
+    # two waves on 132 SMs; 4 stages (64 KB) hold three, one wave. Launches that fit anyway keep 6.
+    sch = load("st", DECODE_NUM_STAGES=0)._schedule
+    assert sch(64, 19456, 2560, "DECODE")["stages"] == 4
+    assert sch(64, 2560, 4096, "DECODE")["stages"] == 6 and sch(64, 6144, 2560, "DECODE")["stages"] == 6
+    assert sch(4096, 19456, 2560, "FULL")["stages"] == load()._schedule(4096, 19456, 2560, "FULL")["stages"]
