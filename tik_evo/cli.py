@@ -57,11 +57,13 @@ def check_family(family) -> list[str]:
 
 
 def cmd_check(args) -> int:
+    from tik_evo.initialization import start_changes
     from tik_evo.workloads import resolve_workloads
 
     cfg = load_campaign(args.campaign, args.overrides)
     family = _family(cfg)
     workloads = resolve_workloads(cfg, family)
+    start = start_changes(cfg, family)
     problems = check_family(family)
     if problems:
         for p in problems:
@@ -74,7 +76,7 @@ def cmd_check(args) -> int:
               f"{len(workloads)} workloads ({', '.join(f'{k} {v}' for k, v in phases.items())}), "
               f"{len(family.knobs)} knobs, {len(family.opportunities())} opportunities, "
               f"sampler {cfg.search.sampler}, operators {list(cfg.search.operators)}, GPU {cfg.gpu.name} "
-              f"(policy {cfg.gpu.policy})")
+              f"(policy {cfg.gpu.policy})" + (f", starting from {len(start)} knob changes" if start else ""))
     return 0
 
 
@@ -111,11 +113,12 @@ def _refuse_existing(run_dir: Path) -> None:
 
 def run_campaign(cfg, quiet: bool) -> Path:
     """Initialize a new run from the campaign and search until a stop condition; returns the run directory."""
-    from tik_evo.initialization import initialize, resolve_device
+    from tik_evo.initialization import initialize, resolve_device, start_changes
     from tik_evo.workloads import resolve_workloads
 
     family = _family(cfg)
     workloads = resolve_workloads(cfg, family)
+    start_changes(cfg, family)  # a bad start fails here, before a run directory exists
     problems = check_family(family)
     if problems:
         raise ConfigError("; ".join(problems))

@@ -129,12 +129,22 @@ class LLMConfig:
 
 
 @dataclass
+class StartConfig:
+    # Start the search from the family's root with these knob changes: a named set the family keeps (measured
+    # configurations, e.g. attention's `hopper_bn128_tree_s512`), then `knobs` on top. Slowdown limits are
+    # anchored to that start, which is audited like any root.
+    set: str = ""
+    knobs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class Campaign:
     name: str = MISSING
     kernel: str = MISSING
     gpu: GPUConfig = field(default_factory=GPUConfig)
     device: str = "auto"
     workloads: WorkloadsConfig = field(default_factory=WorkloadsConfig)
+    start: StartConfig = field(default_factory=StartConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
     search: SearchConfig = field(default_factory=SearchConfig)

@@ -103,6 +103,10 @@ class Family(ABC):
     def opportunities(self) -> list[OpportunitySpec]:
         return []
 
+    def named_sets(self) -> dict[str, dict[str, Any]]:
+        """Knob changes against the root, by name, that a campaign may start from (`start.set`)."""
+        return {}
+
     def knob(self, name: str) -> Knob:
         for k in self.knobs:
             if k.name == name:

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from tik_evo.audit import AuditJob, run_audit
 from tik_evo.config import ConfigError, to_yaml
 from tik_evo.family import Family
-from tik_evo.knobs import knobs_or_none
+from tik_evo.knobs import knobs_or_none, read_knobs, write_knobs
 from tik_evo.records import BEST, FAILED, Audit, Implementation, Opportunity
 from tik_evo.store import Store, source_hash
 from tik_evo.timing import timer_of
@@ -59,16 +59,46 @@ def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
     return "cuda", facts, warnings
 
 
+def start_changes(cfg: DictConfig, family: Family) -> dict[str, Any]:
+    """The knob changes of the campaign's `start` (a named set, then `start.knobs`), validated against the
+    family's knob space; raises ConfigError naming the file, the key and the value."""
+    where = cfg.source_file or "campaign"
+    changes: dict[str, Any] = {}
+    parts = [("start.knobs", dict(cfg.start.knobs))]
+    if cfg.start.set:
+        sets = family.named_sets()
+        if cfg.start.set not in sets:
+            raise ConfigError(f"{where}: key 'start.set': {cfg.start.set!r} is not a named set of family "
+                              f"{family.name!r} (sets: {', '.join(sorted(sets)) or 'none'})")
+        parts.insert(0, ("start.set", sets[cfg.start.set]))
+    for key, part in parts:
+        try:
+            family.check_knobs(part, f"{where}: key {key!r}")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        changes.update(part)
+    return changes
+
+
+def start_source(cfg: DictConfig, family: Family) -> str:
+    """The source the search starts from: the family's root, with the campaign's `start` applied."""
+    source = family.root_source()
+    changes = start_changes(cfg, family)
+    return write_knobs(source, {**read_knobs(source), **changes}) if changes else source
+
+
 def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[dict[str, Any]], device: str,
                device_facts: dict[str, Any], log=print) -> None:
     run_dir = store.run_dir
     (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    source = family.root_source()
+    source = start_source(cfg, family)
     h = source_hash(source)
     with store.transaction() as txn:  # first, so a run killed during the root audit can be resumed
         txn.state.update(workloads=workloads, device=device, device_facts=device_facts, family=family.name,
                          weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time())
-    log(f"auditing the root of {family.name!r} ({len(workloads)} workloads, device {device})…")
+    start = (f" with start {cfg.start.set or ''}{' + ' if cfg.start.set and cfg.start.knobs else ''}"
+             f"{dict(cfg.start.knobs) or ''}" if cfg.start.set or cfg.start.knobs else "")
+    log(f"auditing the root of {family.name!r}{start} ({len(workloads)} workloads, device {device})…")
     t0 = time.time()
     out = run_audit(run_dir, AuditJob(family, source, h, "I0", workloads, list(cfg.correctness.seeds),
                                       dict(cfg.evaluate), device, cfg.evaluate.gpu_index))

@@ -293,6 +293,11 @@ class AttentionFamily(Family):
                                        full32[b:b + 1, :, t:t + 1])]
         return out
 
+    def named_sets(self) -> dict[str, dict[str, Any]]:
+        from kernels.attention.bench import VARIANTS  # the measured sets (bench.py imports this module)
+
+        return VARIANTS
+
     def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
         B, HQ, HKV, D = (workload[k] for k in _SHAPE)
         phase = workload["phase"]

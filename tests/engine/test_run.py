@@ -116,3 +116,24 @@ def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
         assert len({i.id for i in impls}) == len(impls) == target + 1
         assert len({i.source_hash for i in impls}) == len(impls)  # no source audited twice
         assert len(s.all("U")) == len(impls)
+
+
+def test_run_starts_from_the_campaign_start(tmp_path, capsys):
+    # start.knobs changes the root the search starts from: the audited root (I0) carries them.
+    run = tmp_path / "st"
+    rc = main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={run}", "search.max_evaluations=1",
+               "start.knobs.FULL_ROWS_PER_PROGRAM=4", "--quiet"])
+    assert rc == 0
+    assert "with start {'FULL_ROWS_PER_PROGRAM': 4}" in capsys.readouterr().err  # the progress log
+    with Store.open_reader(run) as s:
+        root = s.get("I0")
+        assert root.knobs["FULL_ROWS_PER_PROGRAM"] == 4 and root.knobs["BLOCK_H"] == 256
+
+
+def test_bad_start_is_refused_before_a_run_exists(tmp_path, capsys):
+    run = tmp_path / "bad"
+    rc = main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={run}",
+               "start.knobs.FULL_ROWS_PER_PROGRAM=3"])
+    assert rc != 0 and not run.exists()
+    err = " ".join(capsys.readouterr().err.split())  # the console wraps long lines
+    assert "quickstart.yaml: key 'start.knobs': FULL_ROWS_PER_PROGRAM=3 is not one of [1, 2, 4, 8]" in err

@@ -590,6 +590,12 @@ def test_named_bench_variants_use_declared_knob_values():
     for name, knobs in VARIANTS.items():
         for knob, value in knobs.items():
             assert knob in space and value in space[knob], (name, knob, value)
+    # They are also the sets a campaign may start from (`start.set`), and `tik-evo check` validates that.
+    assert FAMILY.named_sets() is VARIANTS
+    from tik_evo.cli import main
+
+    campaign = REPO / "campaigns" / "h200_attention.yaml"
+    assert main(["check", str(campaign), "start.set=hopper_bn128_tree_s512"]) == 0
 
 
 def test_bench_takes_the_best_of_a_run(tmp_path):
