@@ -96,9 +96,9 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
     with store.transaction() as txn:  # first, so a run killed during the root audit can be resumed
         txn.state.update(workloads=workloads, device=device, device_facts=device_facts, family=family.name,
                          weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time())
-    start = (f" with start {cfg.start.set or ''}{' + ' if cfg.start.set and cfg.start.knobs else ''}"
-             f"{dict(cfg.start.knobs) or ''}" if cfg.start.set or cfg.start.knobs else "")
-    log(f"auditing the root of {family.name!r}{start} ({len(workloads)} workloads, device {device})…")
+    start = [x for x in (cfg.start.set, cfg.start.knobs and str(dict(cfg.start.knobs))) if x]
+    log(f"auditing the root of {family.name!r}{' with start ' + ' + '.join(start) if start else ''} "
+        f"({len(workloads)} workloads, device {device})…")
     t0 = time.time()
     out = run_audit(run_dir, AuditJob(family, source, h, "I0", workloads, list(cfg.correctness.seeds),
                                       dict(cfg.evaluate), device, cfg.evaluate.gpu_index))

@@ -224,8 +224,9 @@ def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm,
     # accumulator and one merge into a zero total, the dot steps of the unsplit (or one-chunk) kernel above.
     # (A fold inside the K loop of this nest measured 1.4-1.6x slower on the down projections: not used.)
     # With N_CHUNKS > 1 (K a multiple of K_CHUNK) the loop walks (tile, chunk) items instead, a tile's chunks
-    # back to back: one K loop per item from a zero accumulator, merged into the total carried from the tile's previous chunk (a zero
-    # total at chunk 0), stored after the last: the dot steps and merges of `_k_chunks_flat`.
+    # back to back: one K loop per item from a zero accumulator, merged into the total carried from the tile's
+    # previous chunk (a zero total at chunk 0), stored after the last: the dot steps and merges of
+    # `_k_chunks_flat`.
     x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[sxm, 1], block_shape=[BLOCK_M, BLOCK_K])
     w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[swn, 1], block_shape=[BLOCK_N, BLOCK_K])
     num_tiles = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
@@ -411,7 +412,8 @@ def _launch(x, weight, bias, out, out32, path):
         _linear_persistent_kernel[(programs,)](
             x, weight, b, out, out32 if write32 else out, M, N, K, x.stride(0), weight.stride(0),
             out.stride(0), out.stride(1), HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
-            BLOCK_K=block_k, GROUP_M=sch["group_m"], K_CHUNK=k_chunk, N_CHUNKS=sch["n_chunks"],
+            BLOCK_K=block_k, GROUP_M=sch["group_m"], K_CHUNK=k_chunk if sch["n_chunks"] > 1 else 0,
+            N_CHUNKS=sch["n_chunks"],
             num_warps=sch["warps"], num_stages=sch["stages"])
         return
     if sch["parallel"]:

@@ -65,7 +65,8 @@ def test_knob_variants_pass(knobs):
 def test_unrolled_decode_variants_pass(knobs):
     # k = 200: 4 tiles, the last one partial (inside a group of 4, a leftover for 8); k = 1088: 17 tiles, groups
     # plus a leftover (with K_CHUNK 512: chunks of 8, 8 and 1 tiles). Decode launches have 1, 3 and 9 rows: with
-    # DECODE_SMALL_M 4 both decode schedules run (all three with DECODE_FULL_TILES_M 8). Decode-only knobs: the backward is skipped.
+    # DECODE_SMALL_M 4 both decode schedules run (all three with DECODE_FULL_TILES_M 8). Decode-only knobs: the
+    # backward is skipped.
     impl = load("u" + str(abs(hash(tuple(sorted(knobs.items()))))), **knobs)
     paths = SimpleNamespace(linear_full=impl.linear_full, linear_decode=impl.linear_decode)
     assert failures(paths, cases=FAMILY.check_cases("full")[1:]) == []
