@@ -26,7 +26,7 @@ def summarise(run_dir: Path) -> dict:
         "campaign": (run_dir / "config.yaml").read_text().split("\n", 1)[0],
         "device": audits[root].device,
         "family": st["family"],
-        "root": root, "best": best,
+        "root": root, "best": best, "start": st.get("start") or {},
         "root_objective": st["root_objective"], "best_objective": st["best_objective"],
         "speedup_objective": st["root_objective"] / st["best_objective"],
         "evaluations": st["evaluations"], "duplicates": st["duplicates"], "kappa": st["kappa"],
@@ -51,7 +51,8 @@ def summarise(run_dir: Path) -> dict:
 def markdown(s: dict) -> str:
     lines = [f"# {s['family']} campaign on {s['device'].get('gpu')} ({s['date']})", "",
              f"torch {s['device'].get('torch')}, triton {s['device'].get('triton')}; {s['evaluations']} audited "
-             f"offspring, {s['duplicates']} repeats; finished: {(s['finished'] or {}).get('reason')}", "",
+             f"offspring, {s['duplicates']} repeats; finished: {(s['finished'] or {}).get('reason')}"
+             + (f"; the root is the family's with start {s['start']}" if any(s["start"].values()) else ""), "",
              f"Objective (normalised or summed, per the campaign) root {s['root_objective']:.6g} → best "
              f"{s['best_objective']:.6g}: **{s['speedup_objective']:.3f}×** ({s['root']} → {s['best']}, knobs "
              f"{s['best_knobs']})", "",

@@ -95,7 +95,8 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
     h = source_hash(source)
     with store.transaction() as txn:  # first, so a run killed during the root audit can be resumed
         txn.state.update(workloads=workloads, device=device, device_facts=device_facts, family=family.name,
-                         weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time())
+                         weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time(),
+                         start={"set": cfg.start.set, "knobs": dict(cfg.start.knobs)})
     start = [x for x in (cfg.start.set, cfg.start.knobs and str(dict(cfg.start.knobs))) if x]
     log(f"auditing the root of {family.name!r}{' with start ' + ' + '.join(start) if start else ''} "
         f"({len(workloads)} workloads, device {device})…")

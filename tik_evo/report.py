@@ -55,6 +55,10 @@ def status(store: Store) -> Group:
     head.add_row("run", str(store.run_dir))
     head.add_row("family / device", f"{st.get('family')} / {st.get('device')} "
                  f"({(st.get('device_facts') or {}).get('actual_gpu') or 'no GPU'})")
+    start = st.get("start") or {}
+    if start.get("set") or start.get("knobs"):
+        head.add_row("root", "the family's root with start " + " + ".join(
+            x for x in (start.get("set"), start.get("knobs") and str(start["knobs"])) if x))
     head.add_row("timings", timer_note(timer) + (" — interpreter timings say nothing about GPU speed"
                                                    if WALL_INTERPRETER in timer else ""))
     best = st.get("best")

@@ -128,6 +128,9 @@ def test_run_starts_from_the_campaign_start(tmp_path, capsys):
     with Store.open_reader(run) as s:
         root = s.get("I0")
         assert root.knobs["FULL_ROWS_PER_PROGRAM"] == 4 and root.knobs["BLOCK_H"] == 256
+    capsys.readouterr()
+    assert main(["status", str(run)]) == 0
+    assert "root with start {'FULL_ROWS_PER_PROGRAM': 4}" in " ".join(capsys.readouterr().out.split())
 
 
 def test_bad_start_is_refused_before_a_run_exists(tmp_path, capsys):
