@@ -250,7 +250,16 @@ def cmd_show(args) -> int:
     from tik_evo.report import show
 
     with Store.open_reader(Path(args.run_dir)) as store:
-        out.print(show(store, args.impl_id))
+        impl_id = args.impl_id
+        if impl_id in ("best", "root"):  # aliases for the run's current best and its root
+            impl_id = store.state().get(impl_id) or impl_id
+        if args.output:
+            # The whole candidate file: a drop-in for the family's root.py (its KNOBS say what the search chose).
+            impl = store.get(impl_id)
+            Path(args.output).write_text(store.source(impl.source_hash))
+            console.print(f"wrote {impl.id} ({impl.status}, knobs {impl.knobs}) to {args.output}")
+        else:
+            out.print(show(store, impl_id))
     return 0
 
 
@@ -344,7 +353,8 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_compare)
     r = sub.add_parser("show", help="one implementation: source diff, checks, measurements")
     r.add_argument("run_dir")
-    r.add_argument("impl_id")
+    r.add_argument("impl_id", help="an implementation id (I3), or best / root")
+    r.add_argument("-o", "--output", help="write the implementation's whole source file here instead")
     r.set_defaults(fn=cmd_show)
     r = sub.add_parser("plot", help="speed-up per offspring and best so far, as a PNG (matplotlib)")
     r.add_argument("run_dir")

@@ -131,6 +131,14 @@ def test_run_starts_from_the_campaign_start(tmp_path, capsys):
     capsys.readouterr()
     assert main(["status", str(run)]) == 0
     assert "root with start {'FULL_ROWS_PER_PROGRAM': 4}" in " ".join(capsys.readouterr().out.split())
+    # The whole file of the root and of the best, for use outside the run.
+    from tik_evo.knobs import read_knobs
+
+    assert main(["show", str(run), "root", "-o", str(tmp_path / "root.py")]) == 0
+    assert read_knobs((tmp_path / "root.py").read_text())["FULL_ROWS_PER_PROGRAM"] == 4
+    assert main(["show", str(run), "best", "-o", str(tmp_path / "best.py")]) == 0
+    with Store.open_reader(run) as s:
+        assert (tmp_path / "best.py").read_text() == s.source(s.get(s.state()["best"]).source_hash)
 
 
 def test_bad_start_is_refused_before_a_run_exists(tmp_path, capsys):
