@@ -9,6 +9,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from tik_evo.config import start_label
 from tik_evo.store import Store
 
 
@@ -26,7 +27,7 @@ def summarise(run_dir: Path) -> dict:
         "campaign": (run_dir / "config.yaml").read_text().split("\n", 1)[0],
         "device": audits[root].device,
         "family": st["family"],
-        "root": root, "best": best, "start": st.get("start") or {},
+        "root": root, "best": best, "start": start_label(st.get("start") or {}),
         "root_objective": st["root_objective"], "best_objective": st["best_objective"],
         "speedup_objective": st["root_objective"] / st["best_objective"],
         "evaluations": st["evaluations"], "duplicates": st["duplicates"], "kappa": st["kappa"],
@@ -52,7 +53,7 @@ def markdown(s: dict) -> str:
     lines = [f"# {s['family']} campaign on {s['device'].get('gpu')} ({s['date']})", "",
              f"torch {s['device'].get('torch')}, triton {s['device'].get('triton')}; {s['evaluations']} audited "
              f"offspring, {s['duplicates']} repeats; finished: {(s['finished'] or {}).get('reason')}"
-             + (f"; the root is the family's with start {s['start']}" if any(s["start"].values()) else ""), "",
+             + (f"; the root is the family's with start {s['start']}" if s["start"] else ""), "",
              f"Objective (normalised or summed, per the campaign) root {s['root_objective']:.6g} → best "
              f"{s['best_objective']:.6g}: **{s['speedup_objective']:.3f}×** ({s['root']} → {s['best']}, knobs "
              f"{s['best_knobs']})", "",

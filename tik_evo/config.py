@@ -137,6 +137,12 @@ class StartConfig:
     knobs: dict[str, Any] = field(default_factory=dict)
 
 
+def start_label(start: Any) -> str:
+    """A campaign's `start` (the config section or the run state's copy) in words: "SET + {knobs}", "" if none."""
+    knobs = dict(start.get("knobs") or {})
+    return " + ".join(x for x in (start.get("set") or "", str(knobs) if knobs else "") if x)
+
+
 @dataclass
 class Campaign:
     name: str = MISSING

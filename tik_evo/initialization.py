@@ -11,7 +11,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from tik_evo.audit import AuditJob, run_audit
-from tik_evo.config import ConfigError, to_yaml
+from tik_evo.config import ConfigError, start_label, to_yaml
 from tik_evo.family import Family
 from tik_evo.knobs import knobs_or_none, read_knobs, write_knobs
 from tik_evo.records import BEST, FAILED, Audit, Implementation, Opportunity
@@ -97,8 +97,8 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
         txn.state.update(workloads=workloads, device=device, device_facts=device_facts, family=family.name,
                          weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time(),
                          start={"set": cfg.start.set, "knobs": dict(cfg.start.knobs)})
-    start = [x for x in (cfg.start.set, cfg.start.knobs and str(dict(cfg.start.knobs))) if x]
-    log(f"auditing the root of {family.name!r}{' with start ' + ' + '.join(start) if start else ''} "
+    start = start_label(cfg.start)
+    log(f"auditing the root of {family.name!r}{' with start ' + start if start else ''} "
         f"({len(workloads)} workloads, device {device})…")
     t0 = time.time()
     out = run_audit(run_dir, AuditJob(family, source, h, "I0", workloads, list(cfg.correctness.seeds),

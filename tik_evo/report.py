@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from tik_evo.config import start_label
 from tik_evo.records import to_dict
 from tik_evo.store import Store
 from tik_evo.timing import LABELS, WALL_INTERPRETER
@@ -55,10 +56,9 @@ def status(store: Store) -> Group:
     head.add_row("run", str(store.run_dir))
     head.add_row("family / device", f"{st.get('family')} / {st.get('device')} "
                  f"({(st.get('device_facts') or {}).get('actual_gpu') or 'no GPU'})")
-    start = st.get("start") or {}
-    if start.get("set") or start.get("knobs"):
-        head.add_row("root", "the family's root with start " + " + ".join(
-            x for x in (start.get("set"), start.get("knobs") and str(start["knobs"])) if x))
+    start = start_label(st.get("start") or {})
+    if start:
+        head.add_row("root", f"the family's root with start {start}")
     head.add_row("timings", timer_note(timer) + (" — interpreter timings say nothing about GPU speed"
                                                    if WALL_INTERPRETER in timer else ""))
     best = st.get("best")
