@@ -1,10 +1,12 @@
 """Host time per attention call on a GPU: how long Python takes to launch one prefill or decode, against torch SDPA.
 
-    python3 benchmarks/attention_host_time_gpu.py [--variants root,hopper_ws_s512] --out F.json
+    python3 benchmarks/attention_host_time_gpu.py [--variants root,hopper_ws_s512] [--seqs 512,1024] --out F.json
 
 Each entry point runs N times back to back on a small shape whose GPU time is far below its host time, then
 synchronises once: wall time / N is the host time per call. CUDA-graph replays of the same call give its GPU
-time. A profile (cProfile, the top functions by own time) says where the host time goes.
+time. A profile (cProfile, the top functions by own time) says where the host time goes. Every call of ours runs
+twice, with the family's fast launches (`FAST_LAUNCH`, the default) and with Triton's own launch path; the two
+outputs must be equal bit for bit (`same_bits`).
 """
 
 from __future__ import annotations
@@ -65,7 +67,8 @@ def profile_top(fn, n: int, top: int = 14) -> list[str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--variants", default="root,hopper_ws_s512")
+    ap.add_argument("--variants", default="root,hopper_ws_s512,hopper_bn128_tree_s512")
+    ap.add_argument("--seqs", default="512,1024", help="prefill lengths (batch 1)")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -78,47 +81,65 @@ def main() -> int:
 
     report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0),
               "torch": torch.__version__, "triton": triton.__version__, "n": args.n, "rows": []}
-    # Prefill B1 S512 (and 2K for the Gluon kernel, forced); decode B1 over a 1K cache.
-    S = 512
-    q, k, v = rnd(1, HQ, S, D), rnd(1, HKV, S, D), rnd(1, HKV, S, D)
-    out = torch.empty_like(q)
+    # Prefill B1 at each length (the Gluon kernel also forced); decode B1 over a 1K cache.
+    seqs = [int(x) for x in args.seqs.split(",")]
+    pre = {S: (rnd(1, HQ, S, D), rnd(1, HKV, S, D), rnd(1, HKV, S, D)) for S in seqs}
+    outs = {S: torch.empty_like(pre[S][0]) for S in seqs}
     qd, kc, vc = rnd(1, HQ, 1, D), rnd(1, HKV, 1024, D), rnd(1, HKV, 1024, D)
     ctx = torch.tensor([1024], dtype=torch.int32, device=dev)
     od = torch.empty_like(qd)
-    kr, vr = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
     kcr, vcr = kc.repeat_interleave(HQ // HKV, 1), vc.repeat_interleave(HQ // HKV, 1)
-    calls: dict[str, object] = {}
-    for be, name in ((torch.nn.attention.SDPBackend.CUDNN_ATTENTION, "cudnn"),
-                     (torch.nn.attention.SDPBackend.FLASH_ATTENTION, "flash")):
-        def peer(be=be):
-            with torch.nn.attention.sdpa_kernel(be):
-                F.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=scale)
-        calls[f"sdpa_{name} prefill"] = peer
+    calls: dict[str, tuple] = {}  # label -> (call, module or None, output)
+    for S, (q, k, v) in pre.items():
+        kr, vr = k.repeat_interleave(HQ // HKV, 1), v.repeat_interleave(HQ // HKV, 1)
+        for be, name in ((torch.nn.attention.SDPBackend.CUDNN_ATTENTION, "cudnn"),
+                         (torch.nn.attention.SDPBackend.FLASH_ATTENTION, "flash")):
+            def peer(be=be, q=q, kr=kr, vr=vr):
+                with torch.nn.attention.sdpa_kernel(be):
+                    F.scaled_dot_product_attention(q, kr, vr, is_causal=True, scale=scale)
+            calls[f"sdpa_{name} prefill S{S}"] = (peer, None, None)
 
     def sdpa_decode():
         F.scaled_dot_product_attention(qd, kcr, vcr, scale=scale)
-    calls["sdpa decode"] = sdpa_decode
+    calls["sdpa decode"] = (sdpa_decode, None, None)
     tmp = Path(tempfile.mkdtemp())
     for name in args.variants.split(","):
         mod, _ = load_variant(name, VARIANTS[name], tmp)
-        calls[f"{name} prefill"] = lambda mod=mod: mod.prefill(q, k, v, scale, out)
-        calls[f"{name} decode"] = lambda mod=mod: mod.decode(qd, kc, vc, ctx, scale, od)
+        gl_mod = None
         if mod.KNOBS["FULL_IMPL"] != "triton":
             gl_mod, _ = load_variant(name + "_gluon", {**VARIANTS[name], "FULL_IMPL": "gluon_ws"}, tmp)
-            calls[f"{name} prefill (Gluon forced)"] = lambda mod=gl_mod: mod.prefill(q, k, v, scale, out)
-    for label, fn in calls.items():
-        fn()
-        torch.cuda.synchronize()
-        row = {"call": label, "host_us": host_us(fn, args.n), "gpu_us": graph_replay_us(fn)}
-        row["host_us_again"] = host_us(fn, args.n)
-        if not label.startswith("sdpa"):
-            row["profile"] = profile_top(fn, 200)
-        report["rows"].append(row)
-        print(f"{label:>40}: host {row['host_us']:6.1f} / {row['host_us_again']:6.1f} us per call, "
-              f"GPU {row['gpu_us']:6.1f} us", flush=True)
+        for S, (q, k, v) in pre.items():
+            calls[f"{name} prefill S{S}"] = (lambda mod=mod, q=q, k=k, v=v, o=outs[S]: mod.prefill(q, k, v, scale, o),
+                                             mod, outs[S])
+            if gl_mod is not None:
+                calls[f"{name} prefill S{S} (Gluon forced)"] = (
+                    lambda mod=gl_mod, q=q, k=k, v=v, o=outs[S]: mod.prefill(q, k, v, scale, o), gl_mod, outs[S])
+        calls[f"{name} decode"] = (lambda mod=mod: mod.decode(qd, kc, vc, ctx, scale, od), mod, od)
+    for label, (fn, mod, out) in calls.items():
+        for fast in ((True, False) if mod is not None else (None,)):
+            if mod is not None:
+                mod.FAST_LAUNCH = fast
+            fn()
+            torch.cuda.synchronize()
+            row = {"call": label if fast is None else f"{label} [{'fast' if fast else 'triton'} launch]",
+                   "host_us": host_us(fn, args.n), "gpu_us": graph_replay_us(fn)}
+            row["host_us_again"] = host_us(fn, args.n)
+            if mod is not None:
+                row["profile"] = profile_top(fn, 200)
+                fn()
+                torch.cuda.synchronize()
+                if fast:
+                    ref = out.clone()
+                else:
+                    row["same_bits"] = bool(torch.equal(out, ref))
+                mod.FAST_LAUNCH = True
+            report["rows"].append(row)
+            print(f"{row['call']:>58}: host {row['host_us']:6.1f} / {row['host_us_again']:6.1f} us per call, "
+                  f"GPU {row['gpu_us']:6.1f} us" + (f", same bits {row['same_bits']}" if "same_bits" in row else ""),
+                  flush=True)
     for row in report["rows"]:
         if "profile" in row:
-            print(f"--- {row['call']}\n" + "\n".join(row["profile"][:10]))
+            print(f"--- {row['call']}\n" + "\n".join(row["profile"][:12]))
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1))
     return 0

@@ -1290,6 +1290,86 @@ def _sm_count(device: torch.device) -> int:
     return _device(device)[0]
 
 
+# Fast launches (path only: the same compiled kernel gets the same arguments). Off: every launch goes through
+# Triton's own `kernel[grid](...)` (benchmarks compare the two).
+FAST_LAUNCH = True
+
+
+def _arg_key(a):
+    """What an argument contributes to a launch key: never coarser than Triton's specialisation of it (tensors:
+    dtype and 16-byte alignment; descriptors: the same plus their geometry; floats: none; the rest: the value)."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype, a.data_ptr() % 16 == 0
+    if isinstance(a, TensorDescriptor):
+        return (a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
+                a.layout, a.padding)
+    if isinstance(a, float):
+        return float
+    return type(a), a
+
+
+class _Launch:
+    """`_fast(kernel)[grid](*args, **constexprs)` launches like `kernel[grid](...)`, but pays Triton's per-call
+    binding and specialisation of 15-30 arguments (tens of microseconds of Python, more than a short launch's GPU
+    time) once per launch key (`_arg_key` of each argument, the keywords, the device). The key's first launch goes
+    through Triton, which compiles or finds the kernel; later ones call that compiled kernel's launcher directly,
+    as Triton itself does after its lookup. The interpreter and launch hooks (profilers) always take Triton's
+    path."""
+
+    MAX_KEYS = 1024  # distinct shapes seen; past it, start over rather than grow without bound
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.fast = isinstance(fn, triton.runtime.JITFunction)
+        self.kernels: dict = {}
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self._launch(grid, args, kw)
+
+    def _launch(self, grid, args, kw):
+        hooks = triton.knobs.runtime
+        if not (self.fast and FAST_LAUNCH and _no_hooks(hooks.launch_enter_hook) and _no_hooks(hooks.launch_exit_hook)):
+            return self.fn[grid](*args, **kw)
+        device = _launch_device()
+        key = (device, tuple(map(_arg_key, args)), tuple(kw.items()))
+        hit = self.kernels.get(key)
+        if hit is None:
+            kernel = self.fn[grid](*args, **kw)
+            if len(self.kernels) >= self.MAX_KEYS:
+                self.kernels.clear()
+            params = self.fn.signature.parameters  # the kernel's arguments after the positional ones, in order
+            tail = tuple(kw[n] if n in kw else params[n].default for n in self.fn.arg_names[len(args):])
+            self.kernels[key] = kernel, tail
+            return kernel
+        kernel, tail = hit
+        g = (*grid, 1, 1)
+        kernel.run(g[0], g[1], g[2], _launch_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
+                   *args, *tail)
+        return kernel
+
+
+def _no_hooks(hook) -> bool:
+    return hook is None or (isinstance(hook, triton.knobs.HookChain) and not hook.calls)
+
+
+def _launch_device() -> int:
+    return triton.runtime.driver.active.get_current_device()
+
+
+def _launch_stream(device: int) -> int:
+    return triton.runtime.driver.active.get_current_stream(device)
+
+
+_LAUNCHES: dict = {}
+
+
+def _fast(kernel) -> _Launch:
+    launch = _LAUNCHES.get(kernel)
+    if launch is None:
+        launch = _LAUNCHES[kernel] = _Launch(kernel)
+    return launch
+
+
 def _tma_alloc(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
@@ -1380,7 +1460,7 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     band = _ws_band(triton.cdiv(S, cons * 64), B * HQ, HQ // HKV, min(tiles, sms)) if persistent else B * HQ
     persistent = (WS_BANDED.value if band < B * HQ else 1) if persistent else 0
     regs = _ws_regs(cons)
-    _ws_prefill_kernel[(min(tiles, sms) if persistent else tiles,)](
+    _fast(_ws_prefill_kernel)[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV, band,
         HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
@@ -1408,7 +1488,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     if persistent == "auto":  # few tiles: the causal tail dominates, and dealing them balances it
         persistent = "snake" if tiles <= PERSISTENT_MAX_WAVES * sms else "off"
     grid = (min(tiles, sms),) if persistent != "off" else (n_m, B * HQ)
-    _prefill_kernel[grid](
+    _fast(_prefill_kernel)[grid](
         q, k, v, out, out32 if out32 is not None else out, S, B * HKV * S, _qk_scale(sm_scale), HQ, HKV,
         HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],
         SPLIT=KNOBS["SPLIT_TOKENS"],
@@ -1483,7 +1563,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
                        pdl, fused, finish_single, write32=out32 is not None)
     if merge and not fused:
-        _decode_merge_kernel[(B * HKV,)](
+        _fast(_decode_merge_kernel)[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
             HEAD_D=D, ROWS=max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group)), SPLIT=split, PDL=pdl,
             LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=out32 is not None, num_warps=4,
@@ -1503,7 +1583,7 @@ def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_
     arrivals = _arrivals(q.device, grid[1]) if fused else m_ws
     # rows of the merge's tile: the row group (a KV head's query heads, or one query head) padded
     merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group if pack else 1))
-    _decode_kernel[grid](
+    _fast(_decode_kernel)[grid](
         q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, s_cap, B * HKV * s_cap, n_chunks,
         qk_scale, HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
         PACK_GQA=pack, CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"],
@@ -1566,7 +1646,7 @@ def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws,
     k_desc = TensorDescriptor(k_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
     v_desc = TensorDescriptor(v_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
     slots, maxnreg = _dec_plan(KNOBS["BLOCK_N"], D)
-    _dec_kernel[grid](
+    _fast(_dec_kernel)[grid](
         q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, HQ // HKV,
         HEAD_D=D, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"], CPP=cpp, NUM_BUF=slots,
         ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", FINISH=finish, WRITE32=write32,

@@ -803,3 +803,66 @@ def test_gluon_prefill_falls_back_to_triton_where_it_does_not_apply():
         got = torch.empty_like(q)
         mod.prefill(q, k, v, 0.125, got)
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), impl
+
+
+class _FakeKernel:
+    """A compiled kernel as the fast launch sees it: a launcher, a function handle, packed metadata."""
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self):
+        self.runs = []
+
+    def run(self, *args):
+        self.runs.append(args)
+
+
+class _FakeJit:
+    """A JIT function as the fast launch sees it: Triton's own launch (which compiles) and the argument names."""
+    arg_names = ["X", "n", "scale", "BLOCK"]
+
+    def __init__(self):
+        import inspect
+
+        self.signature = inspect.signature(lambda X, n, scale, BLOCK=16: None)
+        self.triton_launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.triton_launches.append((grid, args, kw))
+            return _FakeKernel()
+        return launch
+
+
+def test_fast_launch_reuses_a_compiled_kernel_only_for_an_identical_key(monkeypatch):
+    import triton
+
+    mod = load(FAMILY.root_source())
+    monkeypatch.setattr(mod, "_launch_device", lambda: 0)
+    monkeypatch.setattr(mod, "_launch_stream", lambda device: 77)
+    jit = _FakeJit()
+    launch = mod._Launch(jit)
+    assert not launch.fast  # not a JITFunction: always Triton's own path
+    launch.fast = True
+    x = torch.zeros(64)
+    first = launch[(3,)](x, 32, 0.5)
+    assert len(jit.triton_launches) == 1 and first.runs == []  # the key's first launch is Triton's
+    again = launch[(4, 2)](x, 32, 0.25)  # a float's value is not specialised: same key
+    assert again is first and len(jit.triton_launches) == 1
+    assert first.runs == [(4, 2, 1, 77, "function", "metadata", None, None, None, x, 32, 0.25, 16)]
+    # Anything Triton specialises on is a new key: an int's value, a tensor's alignment or dtype, a constexpr.
+    for args, kw in (((x, 33, 0.5), {}), ((x[1:], 32, 0.5), {}), ((x.double(), 32, 0.5), {}),
+                     ((x, 32, 0.5), {"BLOCK": 32})):
+        launch[(1,)](*args, **kw)
+    assert len(jit.triton_launches) == 5
+    launch[(1,)](x, 32, 0.5, BLOCK=32)  # now known: passes its constexpr in order
+    assert jit.triton_launches[-1][2] == {"BLOCK": 32} and len(jit.triton_launches) == 5
+    # A launch hook (a profiler) or FAST_LAUNCH off: Triton's path every time.
+    hook = lambda metadata: None  # noqa: E731
+    triton.knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launch[(1,)](x, 32, 0.5)
+    finally:
+        triton.knobs.runtime.launch_enter_hook.remove(hook)
+    monkeypatch.setattr(mod, "FAST_LAUNCH", False)
+    launch[(1,)](x, 32, 0.5)
+    assert len(jit.triton_launches) == 7
