@@ -103,7 +103,7 @@ while [ $# -gt 0 ]; do
       timeout ${AUDIT_PROFILE_S:-300} python3 benchmarks/audit_profile_gpu.py --family "$f" --knobs "$k" \
         --procs ${AUDIT_PROCS:-1,4} --out "$OUT/audit_profile_$f.json" 2>&1 | tail -12 ;;
     attention_host)  # host time per prefill/decode call against SDPA, with profiles
-      timeout 300 python3 benchmarks/attention_host_time_gpu.py --out "$OUT/attention_host_time.json" 2>&1 | tail -60 ;;
+      timeout 300 python3 benchmarks/attention_host_time_gpu.py ${HOST_ARGS:-} --out "$OUT/attention_host_time.json" 2>&1 | tail -60 ;;
     attention_rowsum_split)  # whether a 128-key softmax step splits into 64-key halves bit for bit
       timeout 200 python3 benchmarks/attention_rowsum_split_gpu.py --out "$OUT/attention_rowsum_split.json" 2>&1 | tail -20 ;;
     attention_gluon_decode)  # the Gluon decode / prefill against Triton, bit for bit (a quick gate; GLUON_DECODE_SETS picks knob sets)

@@ -75,8 +75,8 @@ class AttentionFamily(Family):
         Knob("FULL_IMPL", ("triton", "gluon_ws", "auto"), "full",
              "which kernel runs prefill: the Triton one, or (Hopper, head dim 64/128, blocks of 32-128 keys; else "
              "Triton) a warp-specialised Gluon kernel with the same per-row operations: a "
-             "TMA loader warp and one partition per 64-row warpgroup, no CTA barrier between them; auto: Gluon for "
-             "launches of more than 4 waves of tiles, Triton below"),
+             "TMA loader warp and one partition per 64-row warpgroup, no CTA barrier between them; auto: Gluon at "
+             "128-key blocks and for launches of more than 4 waves of tiles, Triton otherwise"),
         Knob("FULL_WS_SCHEDULE", ("serial", "overlap"), "full",
              "Gluon prefill: each warpgroup's MMAs one at a time, or the next block's QK^T issued before this "
              "block's PV so its softmax runs during the PV"),

@@ -1298,14 +1298,28 @@ FAST_LAUNCH = True
 def _arg_key(a):
     """What an argument contributes to a launch key: never coarser than Triton's specialisation of it (tensors:
     dtype and 16-byte alignment; descriptors: the same plus their geometry; floats: none; the rest: the value)."""
-    if isinstance(a, torch.Tensor):
+    t = type(a)
+    if t is torch.Tensor or isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() % 16 == 0
-    if isinstance(a, TensorDescriptor):
-        return (a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
-                a.layout, a.padding)
-    if isinstance(a, float):
+    if t is float:
         return float
-    return type(a), a
+    if t is _Desc or isinstance(a, TensorDescriptor):
+        return (a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
+                id(a.layout), a.padding)
+    return t, a
+
+
+class _Desc:
+    """A host TMA descriptor's fields, built without Triton's per-object validation (`_ws_prefill` and
+    `_dec_covers` check contiguity and alignment first): what Triton's launcher reads from a descriptor. Triton's
+    own launch path gets a real TensorDescriptor (`full`)."""
+
+    def __init__(self, base, shape, strides, block_shape):
+        self.base, self.shape, self.strides, self.block_shape = base, shape, strides, block_shape
+        self.layout, self.padding = _WS_DESC_LAYOUT, "zero"
+
+    def full(self) -> TensorDescriptor:
+        return TensorDescriptor(self.base, list(self.shape), list(self.strides), list(self.block_shape), self.layout)
 
 
 class _Launch:
@@ -1329,12 +1343,12 @@ class _Launch:
     def _launch(self, grid, args, kw):
         hooks = triton.knobs.runtime
         if not (self.fast and FAST_LAUNCH and _no_hooks(hooks.launch_enter_hook) and _no_hooks(hooks.launch_exit_hook)):
-            return self.fn[grid](*args, **kw)
+            return self.fn[grid](*_full(args), **kw)
         device = _launch_device()
         key = (device, tuple(map(_arg_key, args)), tuple(kw.items()))
         hit = self.kernels.get(key)
         if hit is None:
-            kernel = self.fn[grid](*args, **kw)
+            kernel = self.fn[grid](*_full(args), **kw)
             if len(self.kernels) >= self.MAX_KEYS:
                 self.kernels.clear()
             params = self.fn.signature.parameters  # the kernel's arguments after the positional ones, in order
@@ -1346,6 +1360,10 @@ class _Launch:
         kernel.run(g[0], g[1], g[2], _launch_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
                    *args, *tail)
         return kernel
+
+
+def _full(args: tuple) -> tuple:
+    return tuple(a.full() if type(a) is _Desc else a for a in args)
 
 
 def _no_hooks(hook) -> bool:
@@ -1447,9 +1465,9 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     # Rank 3 ([heads, seq, dim]): a box reaching past the sequence end reads zeros, never the next head's rows.
     # (Built from the contiguous tensors directly and with one shared layout object: this runs on every call.)
     HKV = k.shape[1]
-    descs = (TensorDescriptor(q, [B * HQ, S, D], [S * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT),
-             TensorDescriptor(k, [B * HKV, S, D], [S * D, D, 1], [1, bn, D], _WS_DESC_LAYOUT),
-             TensorDescriptor(v, [B * HKV, S, D], [S * D, D, 1], [1, bn, D], _WS_DESC_LAYOUT))
+    descs = (_Desc(q, (B * HQ, S, D), (S * D, D, 1), (1, 64, D)),
+             _Desc(k, (B * HKV, S, D), (S * D, D, 1), (1, bn, D)),
+             _Desc(v, (B * HKV, S, D), (S * D, D, 1), (1, bn, D)))
     cons, q_tiles, acc_smem, slots = _ws_plan(bn, D, KNOBS["SPLIT_TOKENS"])
     tiles = triton.cdiv(S, cons * 64) * B * HQ
     sms = _sm_count(q.device)
@@ -1479,9 +1497,10 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     tiles = n_m * B * HQ
     sms = _sm_count(q.device)
     impl = KNOBS["FULL_IMPL"]
-    # "auto": the Gluon kernel above 4 waves of tiles; on shorter launches the Triton one (snake-dealt if
-    # FULL_PERSISTENT allows) measured faster (H200, B1 1K: 0.036 against 0.06-0.13 ms).
-    if (impl == "gluon_ws" or (impl == "auto" and tiles > WS_MIN_WAVES * sms)) and \
+    # "auto": the Gluon kernel at 128-key blocks, where the Triton one spills (H200, B1 S1024: 26 against 45 us of
+    # GPU time; with the fast launch its host time no longer exceeds that), and above 4 waves of tiles; shorter
+    # launches at narrower blocks run the Triton one (snake-dealt if FULL_PERSISTENT allows), as fast there.
+    if (impl == "gluon_ws" or (impl == "auto" and (KNOBS["BLOCK_N"] == 128 or tiles > WS_MIN_WAVES * sms))) and \
             _ws_prefill(q, k, v, sm_scale, out, out32):
         return
     persistent = KNOBS["FULL_PERSISTENT"]
@@ -1643,8 +1662,8 @@ def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws,
     B, HQ, _, D = q.shape
     HKV, s_cap = k_cache.shape[1], k_cache.shape[2]
     # Rank 3 ([B * HKV, S_cap, D]): sub-blocks reaching past the cache read zeros, never the next head's rows.
-    k_desc = TensorDescriptor(k_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
-    v_desc = TensorDescriptor(v_cache, [B * HKV, s_cap, D], [s_cap * D, D, 1], [1, 64, D], _WS_DESC_LAYOUT)
+    k_desc = _Desc(k_cache, (B * HKV, s_cap, D), (s_cap * D, D, 1), (1, 64, D))
+    v_desc = _Desc(v_cache, (B * HKV, s_cap, D), (s_cap * D, D, 1), (1, 64, D))
     slots, maxnreg = _dec_plan(KNOBS["BLOCK_N"], D)
     _fast(_dec_kernel)[grid](
         q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, HQ // HKV,
