@@ -1269,6 +1269,17 @@ WS_MIN_WAVES = 4  # FULL_IMPL "auto": the Gluon prefill above this many waves of
 WS_PERSISTENT_MAX_WAVES = 32
 
 
+def _cdiv(a: int, b: int) -> int:
+    """Host-side ceil division. (triton.cdiv is a constexpr function: a few microseconds of argument unwrapping a
+    call, and these run on every launch.)"""
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    """Host-side next power of two (as triton.next_power_of_2, without its constexpr-call cost)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def _qk_scale(sm_scale: float) -> float:
     return float(sm_scale) * LOG2E
 
@@ -1469,13 +1480,13 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
              _Desc(k, (B * HKV, S, D), (S * D, D, 1), (1, bn, D)),
              _Desc(v, (B * HKV, S, D), (S * D, D, 1), (1, bn, D)))
     cons, q_tiles, acc_smem, slots = _ws_plan(bn, D, KNOBS["SPLIT_TOKENS"])
-    tiles = triton.cdiv(S, cons * 64) * B * HQ
+    tiles = _cdiv(S, cons * 64) * B * HQ
     sms = _sm_count(q.device)
     persistent = KNOBS["FULL_WS_PERSISTENT"]
     # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
     # next tile pays; beyond, the snake dealing cost more than it saved (H200: 4-5% by geomean, runs 23 and 25).
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
-    band = _ws_band(triton.cdiv(S, cons * 64), B * HQ, HQ // HKV, min(tiles, sms)) if persistent else B * HQ
+    band = _ws_band(_cdiv(S, cons * 64), B * HQ, HQ // HKV, min(tiles, sms)) if persistent else B * HQ
     persistent = (WS_BANDED.value if band < B * HQ else 1) if persistent else 0
     regs = _ws_regs(cons)
     _fast(_ws_prefill_kernel)[(min(tiles, sms) if persistent else tiles,)](
@@ -1493,7 +1504,7 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
     B, HQ, S, D = q.shape
     HKV = k.shape[1]
     block_m = KNOBS["BLOCK_M"]
-    n_m = triton.cdiv(S, block_m)
+    n_m = _cdiv(S, block_m)
     tiles = n_m * B * HQ
     sms = _sm_count(q.device)
     impl = KNOBS["FULL_IMPL"]
@@ -1550,17 +1561,17 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     # partial.)
     programs = B * (HKV if pack else HQ)  # per chunk
     if split:
-        n_chunks = triton.cdiv(s_cap, split)
+        n_chunks = _cdiv(s_cap, split)
         if cpp == 0:  # "auto": the fewest programs that still give every SM two
             cpp = 1
-            while cpp < n_chunks and triton.cdiv(n_chunks, 2 * cpp) * programs >= 2 * _sm_count(q.device):
+            while cpp < n_chunks and _cdiv(n_chunks, 2 * cpp) * programs >= 2 * _sm_count(q.device):
                 cpp *= 2
         elif cpp == "waves":
             cpp = _waves_cpp(n_chunks, programs, _dec_per_sm(KNOBS["BLOCK_N"], D) if gluon else 2,
                              _sm_count(q.device))
     else:
         n_chunks, cpp = 1, 1
-    grid = (triton.cdiv(n_chunks, cpp), programs)
+    grid = (_cdiv(n_chunks, cpp), programs)
     launch = KNOBS["DECODE_MERGE_LAUNCH"]
     if launch == "auto":  # H200, split 512 (run 27): the fused fold wins from 128 chunk programs, PDL up to 64
         launch = "fused" if grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
@@ -1584,7 +1595,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     if merge and not fused:
         _fast(_decode_merge_kernel)[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
-            HEAD_D=D, ROWS=max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group)), SPLIT=split, PDL=pdl,
+            HEAD_D=D, ROWS=max(KNOBS["DECODE_MERGE_ROWS"], _pow2(group)), SPLIT=split, PDL=pdl,
             LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=out32 is not None, num_warps=4,
             **({"launch_pdl": True} if pdl else {}),
         )
@@ -1598,10 +1609,10 @@ def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_
     pack = KNOBS["DECODE_PACK_GQA"]
     layout_free = KNOBS["ROW_SUM"] != "reduce"  # a reduced row sum must keep prefill's wgmma layout family
     block_m = KNOBS["DECODE_BLOCK_M"] if layout_free else max(KNOBS["DECODE_BLOCK_M"], 64)
-    block_m = max(block_m, triton.next_power_of_2(group)) if pack else block_m
+    block_m = max(block_m, _pow2(group)) if pack else block_m
     arrivals = _arrivals(q.device, grid[1]) if fused else m_ws
     # rows of the merge's tile: the row group (a KV head's query heads, or one query head) padded
-    merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], triton.next_power_of_2(group if pack else 1))
+    merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], _pow2(group if pack else 1))
     _fast(_decode_kernel)[grid](
         q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, s_cap, B * HKV * s_cap, n_chunks,
         qk_scale, HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
@@ -1625,7 +1636,7 @@ def _waves_cpp(n_chunks: int, programs: int, per_sm: int, sms: int) -> int:
     chunk-times (waves of programs, as many an SM as fit, times chunks a program), the largest among equals: the
     fewest programs, whose loads stream on across their chunks instead of refilling a pipeline per program."""
     def cost(cpp: int) -> int:
-        return triton.cdiv(triton.cdiv(n_chunks, cpp) * programs, per_sm * sms) * min(cpp, n_chunks)
+        return _cdiv(_cdiv(n_chunks, cpp) * programs, per_sm * sms) * min(cpp, n_chunks)
 
     return min((2 ** i for i in range((n_chunks - 1).bit_length() + 1)), key=lambda c: (cost(c), -c))
 
