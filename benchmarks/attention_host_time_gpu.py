@@ -53,6 +53,23 @@ def host_us(fn, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+def events_us(fn, flush: bool, reps: int = 100) -> float:
+    """Median CUDA-event time of one call, each call after an L2 flush (as triton.testing.do_bench, which the
+    family's bench uses) or back to back."""
+    cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    times = []
+    for _ in range(reps):
+        if flush:
+            cache.zero_()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        times.append((a, b))
+    torch.cuda.synchronize()
+    return sorted(a.elapsed_time(b) for a, b in times)[reps // 2] * 1e3
+
+
 def profile_top(fn, n: int, top: int = 14) -> list[str]:
     pr = cProfile.Profile()
     pr.enable()
@@ -125,6 +142,8 @@ def main() -> int:
                    "host_us": host_us(fn, args.n), "gpu_us": graph_replay_us(fn)}
             row["host_us_again"] = host_us(fn, args.n)
             row["host_us_third"] = host_us(fn, args.n)  # the host is noisy: three readings, compare their minima
+            if "prefill" in label:  # what an event timing sees of the call, after a flush and without
+                row["events_flush_us"], row["events_us"] = events_us(fn, True), events_us(fn, False)
             if mod is not None:
                 row["profile"] = profile_top(fn, 200)
                 fn()
@@ -135,10 +154,11 @@ def main() -> int:
                     row["same_bits"] = bool(torch.equal(out, ref))
                 mod.FAST_LAUNCH = True
             report["rows"].append(row)
+            events = f"events {row['events_flush_us']:6.1f} flushed / {row['events_us']:6.1f}, " \
+                if "events_us" in row else ""
+            bits = f", same bits {row['same_bits']}" if "same_bits" in row else ""
             print(f"{row['call']:>58}: host {row['host_us']:6.1f} / {row['host_us_again']:6.1f} / "
-                  f"{row['host_us_third']:6.1f} us per call, "
-                  f"GPU {row['gpu_us']:6.1f} us" + (f", same bits {row['same_bits']}" if "same_bits" in row else ""),
-                  flush=True)
+                  f"{row['host_us_third']:6.1f} us per call, {events}GPU {row['gpu_us']:6.1f} us{bits}", flush=True)
     for row in report["rows"]:
         if "profile" in row:
             print(f"--- {row['call']}\n" + "\n".join(row["profile"][:12]))
