@@ -866,3 +866,27 @@ def test_fast_launch_reuses_a_compiled_kernel_only_for_an_identical_key(monkeypa
     monkeypatch.setattr(mod, "FAST_LAUNCH", False)
     launch[(1,)](x, 32, 0.5)
     assert len(jit.triton_launches) == 7
+
+
+def test_light_descriptor_keys_like_the_triton_descriptor_it_stands_for():
+    mod = load(FAMILY.root_source())
+    k = torch.zeros(2, 4, 40, 64, dtype=torch.bfloat16)
+    light = mod._Desc(k, (8, 40, 64), (40 * 64, 64, 1), (1, 64, 64))
+    full = light.full()  # Triton's own object, validated
+    assert isinstance(full, mod.TensorDescriptor) and full.base is k and list(full.shape) == [8, 40, 64]
+    assert mod._arg_key(light) == mod._arg_key(full)
+    # Anything the launcher encodes is in the key: the block, the geometry, the base's alignment.
+    assert mod._arg_key(mod._Desc(k, (8, 40, 64), (40 * 64, 64, 1), (1, 128, 64))) != mod._arg_key(light)
+    assert mod._arg_key(mod._Desc(k, (8, 41, 64), (41 * 64, 64, 1), (1, 64, 64))) != mod._arg_key(light)
+    flat = k.flatten()
+    assert mod._arg_key(mod._Desc(flat[1:], (8, 40, 64), (40 * 64, 64, 1), (1, 64, 64)))[1] is False
+    # Triton's path gets real descriptors; the fast path passes the light ones through.
+    assert [type(a) for a in mod._full((light, 3, k))] == [mod.TensorDescriptor, int, torch.Tensor]
+
+
+def test_host_helpers_match_triton():
+    import triton
+
+    mod = load(FAMILY.root_source())
+    assert all(mod._pow2(n) == triton.next_power_of_2(n) for n in range(0, 600))
+    assert all(mod._cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in range(1, 70))
