@@ -76,15 +76,18 @@ def main(argv: list[str] | None = None) -> int:
         "PERSISTENT": (2 if kn["FULL_WS_BANDS"] != "off" else 1) if kn["FULL_WS_PERSISTENT"] != "off" else 0,
         "WRITE32": False, "CONS": cons, "Q_TILES": q_tiles, "ACC_SMEM": acc_smem, "CONS_REGS": cons_regs,
         "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot"}, 4, 1, ALIGNED, maxnreg=maxnreg)
-    # The Gluon decode (DECODE_IMPL), as `_dec_launch` launches it (partials for the merge launch).
+    # The Gluon decode (DECODE_IMPL), as `_dec_launch` launches it (partials for the merge launch, or folded by the
+    # row group's last program with the fused merge).
     dec_sig = {"Q": "*bf16", "k_desc": desc(64), "v_desc": desc(64), "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
-               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "N_CHUNKS": "i32", "qk_scale": "fp32",
-               "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "ARRIVALS": "*i32", "N_CHUNKS": "i32",
+               "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
     dec_ok = kn["BLOCK_N"] == 128 and kn["ROW_SUM"] in ("dot", "tree")  # what `_dec_covers` sends to it
     decode_ws = compile_sm90(mod._dec_kernel, dec_sig, {
         "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split, "CPP": cpp,
         "NUM_BUF": mod._dec_plan(kn["BLOCK_N"], args.head_dim)[0], "ROW_SUM_DOT": kn["ROW_SUM"] == "dot",
-        "FINISH": False, "WRITE32": False, "OVERLAP": kn["DECODE_WS_SCHEDULE"] == "overlap"}, 4, 1, ALIGNED,
+        "FINISH": False, "WRITE32": False, "OVERLAP": kn["DECODE_WS_SCHEDULE"] == "overlap",
+        "FUSED": kn["DECODE_MERGE_LAUNCH"] == "fused", "FOLD_ROWS": max(kn["DECODE_MERGE_ROWS"], group),
+        "LOADS": kn["DECODE_MERGE_LOADS"]}, 4, 1, ALIGNED,
         maxnreg=mod._dec_plan(kn["BLOCK_N"], args.head_dim)[1]) if dec_ok else None
     print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode,
                       "merge": merge, "prefill_ws": prefill_ws, "decode_ws": decode_ws}, indent=1))

@@ -44,6 +44,10 @@ KNOB_SETS = {
     # several chunks a Gluon program (cpp 2 and 4 in the last two cases) against the Triton decode's one
     "bn128_tree_s512_waves": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4,
                               "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": "waves"},
+    # the fused merge: each row group's last Gluon program folds the partials (against the Triton merge launch)
+    "bn128_tree_s512_fused": {**DOT128, "ROW_SUM": "tree", "FULL_NUM_STAGES": 3, "DECODE_WS_BUFFERS": 4,
+                              "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": "waves",
+                              "DECODE_MERGE_LAUNCH": "fused", "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1},
 }
 # (64-key blocks are not sent to the Gluon decode, see `_dec_covers`; runs 36 and 39 checked them through it.)
 # (batch lengths, cache capacity, query heads, KV heads, head dim)
@@ -60,7 +64,8 @@ def differing_rows(a: torch.Tensor, b: torch.Tensor) -> int:
 
 def run_set(name: str, knobs: dict) -> dict:
     gl_mod = load_variant(SOURCE, {**knobs, "DECODE_IMPL": "gluon_ws", "FULL_IMPL": "gluon_ws"}, f"g_{name}")
-    tr_mod = load_variant(SOURCE, {**knobs, "DECODE_IMPL": "triton", "FULL_IMPL": "triton"}, f"t_{name}")
+    tr_mod = load_variant(SOURCE, {**knobs, "DECODE_IMPL": "triton", "FULL_IMPL": "triton",
+                                   "DECODE_MERGE_LAUNCH": "plain"}, f"t_{name}")  # the reference: a merge launch
     out = {"knobs": knobs, "cases": []}
     for lens, s_cap, hq, hkv, d in CASES:
         g = torch.Generator(device="cuda").manual_seed(sum(lens) + d)

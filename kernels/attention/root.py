@@ -946,8 +946,8 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
 # cores accumulate over keys in a fixed order that chaining preserves; measured on the H200), or the tree row sum
 # with its top column bit as the sub-block. A reduced row sum does not split: 128-key blocks need `ROW_SUM` "dot"
 # or "tree" (the launcher sends only those here; see `_dec_covers`). Chunks are
-# written as `_chunks_to_partials` writes them and folded by the Triton merge launch (or, when the cache fits one
-# chunk, here). Path knob DECODE_IMPL; the query heads of one KV head are the tile's rows (GQA packed).
+# written as `_chunks_to_partials` writes them and folded by the Triton merge launch, or (the fused merge) by the
+# row group's last program here, or, when the cache fits one chunk, by each program here. Path knob DECODE_IMPL; the query heads of one KV head are the tile's rows (GQA packed).
 DEC_SUB = gl.constexpr(64)  # keys per streamed sub-block
 
 
@@ -1190,12 +1190,77 @@ def _dec_chunk(q, k_bufs, v_bufs, k_ready, v_ready, empty, ones, u, lo, hi, n, q
 
 
 @gluon.jit
-def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, N_CHUNKS,
-                  qk_scale, HQ, HKV, GROUP, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
-                  CPP: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr, FINISH: gl.constexpr,
-                  WRITE32: gl.constexpr, OVERLAP: gl.constexpr):
+def _dec_store_out(O, O32, q_base, o, o_rows, o_cols, GROUP, HEAD_D: gl.constexpr, WRITE32: gl.constexpr):
+    io = (q_base + o_rows)[:, None] * HEAD_D + o_cols[None, :]
+    ok = (o_rows < GROUP)[:, None]
+    gl.store(O + io, o.to(gl.bfloat16), mask=ok)
+    if WRITE32:
+        gl.store(O32 + io, o, mask=ok)
+
+
+@gluon.jit
+def _dec_load_partial(M_WS, L_WS, ACC_WS, ws_s, ws_o, o_cols, s_ok, o_ok, HEAD_D: gl.constexpr):
+    """`_load_partial` (past the last chunk: the empty state); .cg: other SMs wrote them."""
+    m = gl.load(M_WS + ws_s, mask=s_ok, other=float("-inf"), cache_modifier=".cg")
+    l = gl.load(L_WS + ws_s, mask=s_ok, other=0.0, cache_modifier=".cg")
+    acc = gl.load(ACC_WS + ws_o[:, None] * HEAD_D + o_cols[None, :], mask=o_ok[:, None], other=0.0,
+                  cache_modifier=".cg")
+    return m, l, acc
+
+
+@gluon.jit
+def _dec_load4(M_WS, L_WS, ACC_WS, ws_s, ws_o, c, n_chunks, o_cols, s_ok, o_ok, HEAD_D: gl.constexpr):
+    return (_dec_load_partial(M_WS, L_WS, ACC_WS, ws_s + c, ws_o + c, o_cols, s_ok & (c < n_chunks),
+                              o_ok & (c < n_chunks), HEAD_D),
+            _dec_load_partial(M_WS, L_WS, ACC_WS, ws_s + c + 1, ws_o + c + 1, o_cols, s_ok & (c + 1 < n_chunks),
+                              o_ok & (c + 1 < n_chunks), HEAD_D),
+            _dec_load_partial(M_WS, L_WS, ACC_WS, ws_s + c + 2, ws_o + c + 2, o_cols, s_ok & (c + 2 < n_chunks),
+                              o_ok & (c + 2 < n_chunks), HEAD_D),
+            _dec_load_partial(M_WS, L_WS, ACC_WS, ws_s + c + 3, ws_o + c + 3, o_cols, s_ok & (c + 3 < n_chunks),
+                              o_ok & (c + 3 < n_chunks), HEAD_D))
+
+
+@gluon.jit
+def _dec_fold4(m_i, l_i, acc, parts, qk_scale, O_ROW: gl.constexpr):
+    for j in gl.static_range(4):
+        m_i, l_i, acc = _ws_merge(m_i, l_i, acc, parts[j][0], parts[j][1], parts[j][2], qk_scale, O_ROW)
+    return m_i, l_i, acc
+
+
+@gluon.jit
+def _dec_fold_out(O, O32, M_WS, L_WS, ACC_WS, q_base, n_chunks, GROUP, N_CHUNKS, qk_scale, HEAD_D: gl.constexpr,
+                  ROWS: gl.constexpr, LOADS: gl.constexpr, WRITE32: gl.constexpr):
+    """`_fold_partials` and the output in Gluon: the empty state with partials 0 .. n_chunks - 1 merged one by one
+    in ascending order, LOADS (4 or 8) partials loaded ahead, then normalised and stored. Element-wise, so the
+    tile (the GQA group's ROWS rows, not the consumer's 64) and its layout do not change a bit."""
+    FOLD: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [1, 4], [1, 0])
+    ROW: gl.constexpr = gl.SliceLayout(1, FOLD)
+    rows = gl.arange(0, ROWS, layout=ROW)
+    cols = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, FOLD))
+    ws = (q_base + rows).to(gl.int64) * N_CHUNKS
+    ok = rows < GROUP
+    acc = gl.zeros([ROWS, HEAD_D], gl.float32, FOLD)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, ROW)
+    l_i = gl.zeros([ROWS], gl.float32, ROW)
+    for c in range(0, n_chunks, LOADS):
+        p0 = _dec_load4(M_WS, L_WS, ACC_WS, ws, ws, c, n_chunks, cols, ok, ok, HEAD_D)
+        if LOADS == 8:
+            p1 = _dec_load4(M_WS, L_WS, ACC_WS, ws, ws, c + 4, n_chunks, cols, ok, ok, HEAD_D)
+        m_i, l_i, acc = _dec_fold4(m_i, l_i, acc, p0, qk_scale, ROW)
+        if LOADS == 8:
+            m_i, l_i, acc = _dec_fold4(m_i, l_i, acc, p1, qk_scale, ROW)
+    _dec_store_out(O, O32, q_base, acc / l_i[:, None], rows, cols, GROUP, HEAD_D, WRITE32)
+
+
+@gluon.jit
+def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, k_bufs, v_bufs, k_ready, v_ready, empty, ones,
+                  N_CHUNKS, qk_scale, HQ, HKV, GROUP, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
+                  SPLIT: gl.constexpr, CPP: gl.constexpr, NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr,
+                  FINISH: gl.constexpr, WRITE32: gl.constexpr, OVERLAP: gl.constexpr, FUSED: gl.constexpr,
+                  FOLD_ROWS: gl.constexpr, LOADS: gl.constexpr):
     """One warpgroup: the GQA group's query heads as rows, this program's chunks, each stored as a partial (or,
-    FINISH, the output: the one chunk alone when SPLIT is 0, else folded into the empty state first)."""
+    FINISH, the output: the one chunk alone when SPLIT is 0, else folded into the empty state first). FUSED: the
+    row group's last program to arrive folds every partial, as `_decode_kernel`'s fused merge does."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DEC_SUB, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -1225,25 +1290,32 @@ def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v
             if SPLIT != 0:  # `_merge` into the empty state, as the merge launch would
                 m_i, l_i, acc = _ws_merge(gl.full_like(m_i, float("-inf")), gl.zeros_like(l_i),
                                           gl.zeros_like(acc), m_i, l_i, acc, qk_scale, O_ROW)
-            o = acc / gl.convert_layout(l_i, O_ROW)[:, None]
-            io = (q_base + o_rows)[:, None] * HEAD_D + o_cols[None, :]
-            ok = (o_rows < GROUP)[:, None]
-            gl.store(O + io, o.to(gl.bfloat16), mask=ok)
-            if WRITE32:
-                gl.store(O32 + io, o, mask=ok)
+            _dec_store_out(O, O32, q_base, acc / gl.convert_layout(l_i, O_ROW)[:, None], o_rows, o_cols, GROUP,
+                           HEAD_D, WRITE32)
         else:
             ws = (q_base + s_rows).to(gl.int64) * N_CHUNKS + c
             gl.store(M_WS + ws, m_i, mask=s_rows < GROUP)
             gl.store(L_WS + ws, l_i, mask=s_rows < GROUP)
             ws_o = (q_base + o_rows).to(gl.int64) * N_CHUNKS + c
             gl.store(ACC_WS + ws_o[:, None] * HEAD_D + o_cols[None, :], acc, mask=(o_rows < GROUP)[:, None])
+    if FUSED:
+        # Every program of the row group arrives, chunks or not; the counter picks who folds, never the order.
+        # The barrier orders all threads' partial stores before the (cumulative) release; the winner's acquire
+        # orders its loads after every other program's.
+        gl.thread_barrier()
+        arrived = gl.atomic_add(ARRIVALS + pid, 1, sem="acq_rel", scope="gpu")
+        if arrived == gl.num_programs(0) - 1:
+            gl.store(ARRIVALS + pid, 0)  # reset for the next launch (and CUDA-graph replays)
+            gl.thread_barrier()
+            _dec_fold_out(O, O32, M_WS, L_WS, ACC_WS, q_base, gl.cdiv(n, SPLIT), GROUP, N_CHUNKS, qk_scale, HEAD_D,
+                          FOLD_ROWS, LOADS, WRITE32)
 
 
 @gluon.jit
-def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
+def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, N_CHUNKS, qk_scale, HQ, HKV, GROUP,
                 HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, CPP: gl.constexpr,
                 NUM_BUF: gl.constexpr, ROW_SUM_DOT: gl.constexpr, FINISH: gl.constexpr, WRITE32: gl.constexpr,
-                OVERLAP: gl.constexpr):
+                OVERLAP: gl.constexpr, FUSED: gl.constexpr, FOLD_ROWS: gl.constexpr, LOADS: gl.constexpr):
     k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, DEC_SUB, HEAD_D], WS_SMEM)
     v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, DEC_SUB, HEAD_D], WS_SMEM)
     ones = _ws_ones(DEC_SUB, ROW_SUM_DOT, k_bufs)
@@ -1255,9 +1327,9 @@ def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, N_CHUNKS, qk
         mbarrier.init(v_ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
     gl.warp_specialize([
-        (_dec_consumer, (Q, CTX, O, O32, M_WS, L_WS, ACC_WS, k_bufs, v_bufs, k_ready, v_ready, empty, ones, N_CHUNKS,
-                         qk_scale, HQ, HKV, GROUP, HEAD_D, BLOCK_N, SPLIT, CPP, NUM_BUF, ROW_SUM_DOT,
-                         FINISH, WRITE32, OVERLAP)),
+        (_dec_consumer, (Q, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, k_bufs, v_bufs, k_ready, v_ready, empty,
+                         ones, N_CHUNKS, qk_scale, HQ, HKV, GROUP, HEAD_D, BLOCK_N, SPLIT, CPP, NUM_BUF,
+                         ROW_SUM_DOT, FINISH, WRITE32, OVERLAP, FUSED, FOLD_ROWS, LOADS)),
         (_dec_loader, (k_desc, v_desc, k_bufs, v_bufs, k_ready, v_ready, empty, CTX, HKV, BLOCK_N, SPLIT,
                        CPP, NUM_BUF)),
     ], [1], [40])
@@ -1575,8 +1647,6 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     launch = KNOBS["DECODE_MERGE_LAUNCH"]
     if launch == "auto":  # H200, split 512 (run 27): the fused fold wins from 128 chunk programs, PDL up to 64
         launch = "fused" if grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
-    if gluon and launch == "fused":
-        launch = "pdl"  # the Gluon decode has no in-kernel fold: its partials go to the merge launch
     # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
     pdl = merge and launch == "pdl" and q.is_cuda
     fused = merge and launch == "fused"  # the chunk grid's last programs fold: one launch
@@ -1586,12 +1656,13 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         acc_ws = torch.empty((B * HQ * n_chunks * D,), dtype=torch.float32, device=q.device)
     else:  # no partials: the slots are never read or written
         m_ws = l_ws = acc_ws = o32
+    arrivals = _arrivals(q.device, grid[1]) if fused else m_ws
     if gluon:
-        _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
-                    finish=not merge, write32=out32 is not None)
+        _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, grid, n_chunks,
+                    qk_scale, cpp, finish=not merge, fused=fused, write32=out32 is not None)
     else:
-        _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
-                       pdl, fused, finish_single, write32=out32 is not None)
+        _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, grid, n_chunks,
+                       qk_scale, cpp, pdl, fused, finish_single, write32=out32 is not None)
     if merge and not fused:
         _fast(_decode_merge_kernel)[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
@@ -1601,8 +1672,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         )
 
 
-def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
-                   pdl, fused, finish_single, write32):
+def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, grid, n_chunks,
+                   qk_scale, cpp, pdl, fused, finish_single, write32):
     B, HQ, _, D = q.shape
     HKV, s_cap = k_cache.shape[1], k_cache.shape[2]
     group = HQ // HKV
@@ -1610,7 +1681,6 @@ def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_
     layout_free = KNOBS["ROW_SUM"] != "reduce"  # a reduced row sum must keep prefill's wgmma layout family
     block_m = KNOBS["DECODE_BLOCK_M"] if layout_free else max(KNOBS["DECODE_BLOCK_M"], 64)
     block_m = max(block_m, _pow2(group)) if pack else block_m
-    arrivals = _arrivals(q.device, grid[1]) if fused else m_ws
     # rows of the merge's tile: the row group (a KV head's query heads, or one query head) padded
     merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], _pow2(group if pack else 1))
     _fast(_decode_kernel)[grid](
@@ -1668,8 +1738,8 @@ def _dec_covers(q, k_cache, v_cache) -> bool:
             and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k_cache, v_cache)))
 
 
-def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, grid, n_chunks, qk_scale, cpp,
-                finish, write32):
+def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, grid, n_chunks, qk_scale,
+                cpp, finish, fused, write32):
     B, HQ, _, D = q.shape
     HKV, s_cap = k_cache.shape[1], k_cache.shape[2]
     # Rank 3 ([B * HKV, S_cap, D]): sub-blocks reaching past the cache read zeros, never the next head's rows.
@@ -1677,7 +1747,9 @@ def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws,
     v_desc = _Desc(v_cache, (B * HKV, s_cap, D), (s_cap * D, D, 1), (1, 64, D))
     slots, maxnreg = _dec_plan(KNOBS["BLOCK_N"], D)
     _fast(_dec_kernel)[grid](
-        q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, HQ // HKV,
-        HEAD_D=D, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"], CPP=cpp, NUM_BUF=slots,
+        q, k_desc, v_desc, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, n_chunks, qk_scale, HQ, HKV,
+        HQ // HKV, HEAD_D=D, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"], CPP=cpp, NUM_BUF=slots,
         ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", FINISH=finish, WRITE32=write32,
-        OVERLAP=KNOBS["DECODE_WS_SCHEDULE"] == "overlap", num_warps=4, maxnreg=maxnreg)
+        OVERLAP=KNOBS["DECODE_WS_SCHEDULE"] == "overlap", FUSED=fused,
+        FOLD_ROWS=max(KNOBS["DECODE_MERGE_ROWS"], _pow2(HQ // HKV)), LOADS=KNOBS["DECODE_MERGE_LOADS"],
+        num_warps=4, maxnreg=maxnreg)
