@@ -139,8 +139,9 @@ class AttentionFamily(Family):
              "launch decode's merge after the chunk kernel (plain), early with programmatic dependent launch, "
              "waiting on the chunk grid inside the kernel (pdl; GPU only, the interpreter runs plain), or not at "
              "all (fused): the last chunk program of each row group to arrive (an integer arrival counter) folds "
-             "the partials in the same ascending order; auto: fused for chunk grids of at least 3/4 of a wave, "
-             "pdl below (where one program folding every partial is slower than a merge launch)"),
+             "the partials in the same ascending order; auto: fused for the Gluon decode and for Triton chunk "
+             "grids of at least 3/4 of a wave, pdl below (where one Triton program folding every partial is slower "
+             "than a merge launch)"),
         Knob("DECODE_FINISH_SINGLE", (False, True), "decode",
              "when the whole cache fits one split chunk, decode is one launch: each program folds its only chunk "
              "into the empty state and normalises it (the merge's own element-wise steps), no merge launch"),

@@ -1645,8 +1645,9 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         n_chunks, cpp = 1, 1
     grid = (_cdiv(n_chunks, cpp), programs)
     launch = KNOBS["DECODE_MERGE_LAUNCH"]
-    if launch == "auto":  # H200, split 512 (run 27): the fused fold wins from 128 chunk programs, PDL up to 64
-        launch = "fused" if grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
+    if launch == "auto":  # H200, split 512: the Triton decode's fused fold wins from 128 chunk programs, PDL up to
+        # 64 (run 27); the Gluon decode's wins on every grid (run 52: B1 ctx 1K 9.6 against 10.3 us, 8K 14.1 / 15.9)
+        launch = "fused" if gluon or grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
     # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
     pdl = merge and launch == "pdl" and q.is_cuda
     fused = merge and launch == "fused"  # the chunk grid's last programs fold: one launch
