@@ -60,6 +60,6 @@ def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: 
             "HMMA": sass.count("HMMA"), "UTMALDG": sass.count("UTMALDG"), "LDG": len(re.findall(r"\bLDG", sass)),
             "instructions": code.count("\n") + 1 if code else 0, "SHFL": len(re.findall(r"\bSHFL", code)),
             "BAR": len(re.findall(r"\bBAR\.", code)), "STS": len(re.findall(r"\bSTS", code)),
-            "USETMAXREG": code.count("USETMAXREG"),
+            "USETMAXREG": code.count("USETMAXREG"), "ATOM": len(re.findall(r"\bATOMG?\.", code)),
             "sass_sha": hashlib.sha256(code.encode()).hexdigest()[:12],
             "ptxas_warnings": re.findall(r"\(C\d+\)[^\n]*", info)}

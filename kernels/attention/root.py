@@ -1425,7 +1425,10 @@ class _Launch:
 
     def _launch(self, grid, args, kw):
         hooks = triton.knobs.runtime
-        if not (self.fast and FAST_LAUNCH and _no_hooks(hooks.launch_enter_hook) and _no_hooks(hooks.launch_exit_hook)):
+        # Keywords are the constexprs and launch options (ints, bools, strings), kept by value in the key and
+        # replayed as they were; anything else (a tensor passed by keyword) takes Triton's path every time.
+        if not (self.fast and FAST_LAUNCH and _no_hooks(hooks.launch_enter_hook) and _no_hooks(hooks.launch_exit_hook)
+                and all(type(v) in _CONST_TYPES for v in kw.values())):
             return self.fn[grid](*_full(args), **kw)
         device = _launch_device()
         key = (device, tuple(map(_arg_key, args)), tuple(kw.items()))
@@ -1443,6 +1446,9 @@ class _Launch:
         kernel.run(g[0], g[1], g[2], _launch_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
                    *args, *tail)
         return kernel
+
+
+_CONST_TYPES = (int, bool, str, type(None))
 
 
 def _full(args: tuple) -> tuple:

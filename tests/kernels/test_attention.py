@@ -654,7 +654,8 @@ def test_root_and_hopper_knobs_compile_for_hopper():
 def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
     # 128-key blocks with the dot or tree row sum: the Gluon prefill issues the ones dot (one more wgmma per block
     # and consumer) or the tree's adds, and the Gluon decode streams 64-key sub-blocks; nothing spills, and the
-    # decode's default three slots leave room for two programs an SM.
+    # decode's default three slots leave room for two programs an SM. The tree case also folds its partials in
+    # the kernel (the fused merge: an arrival counter, 8 partials loaded ahead on a 4-row tile), without a spill.
     import json
     import os
     import subprocess
@@ -666,6 +667,8 @@ def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
     for sched, row_sum in (("serial", "dot"), ("overlap", "dot"), ("serial", "tree")):
         knobs = {"BLOCK_N": 128, "ROW_SUM": row_sum, "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
                  "FULL_NUM_STAGES": 2, "DECODE_WS_SCHEDULE": sched}
+        if row_sum == "tree":
+            knobs.update(DECODE_MERGE_LAUNCH="fused", DECODE_MERGE_LOADS=8, DECODE_MERGE_ROWS=1)
         r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
                             "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -673,6 +676,7 @@ def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
         ws, dec = rep["prefill_ws"], rep["decode_ws"]
         assert ws["spill_store_bytes"] == 0 and ws["HGMMA"] > 0 and ws["shared_bytes"] <= 227 * 1024, ws
         assert dec["spill_store_bytes"] == 0 and dec["UTMALDG"] > 0 and dec["USETMAXREG"] > 0, dec
+        assert (dec["ATOM"] > 0) == (row_sum == "tree"), dec  # only the fused merge counts arrivals
         assert rep["prefill"]["shared_bytes"] <= 227 * 1024  # three Triton stages would not fit here
     assert 2 * (reps["serial", "dot"]["decode_ws"]["shared_bytes"] + 1024) <= 228 * 1024
     assert reps["overlap", "dot"]["decode_ws"]["HGMMA"] > reps["serial", "dot"]["decode_ws"]["HGMMA"]  # + prologue
@@ -866,6 +870,12 @@ def test_fast_launch_reuses_a_compiled_kernel_only_for_an_identical_key(monkeypa
     monkeypatch.setattr(mod, "FAST_LAUNCH", False)
     launch[(1,)](x, 32, 0.5)
     assert len(jit.triton_launches) == 7
+    # A keyword that is not a constant (a tensor) is never replayed from a key: Triton's path every time.
+    monkeypatch.setattr(mod, "FAST_LAUNCH", True)
+    launch[(1,)](x, 32, scale=0.5, BLOCK=16)
+    launch[(1,)](x, 32, 0.5, BLOCK=x)
+    launch[(1,)](x, 32, 0.5, BLOCK=x)
+    assert len(jit.triton_launches) == 10
 
 
 def test_light_descriptor_keys_like_the_triton_descriptor_it_stands_for():
