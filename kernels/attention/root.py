@@ -1298,10 +1298,8 @@ def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, k_bufs, v_bufs, 
             gl.store(L_WS + ws, l_i, mask=s_rows < GROUP)
             ws_o = (q_base + o_rows).to(gl.int64) * N_CHUNKS + c
             gl.store(ACC_WS + ws_o[:, None] * HEAD_D + o_cols[None, :], acc, mask=(o_rows < GROUP)[:, None])
-    if FUSED:
-        # Every program of the row group arrives, chunks or not; the counter picks who folds, never the order.
-        # The barrier orders all threads' partial stores before the (cumulative) release; the winner's acquire
-        # orders its loads after every other program's.
+    if FUSED:  # `_decode_kernel`'s arrival protocol, restated (Gluon cannot call Triton functions); every
+        # program of the row group arrives, chunks or not
         gl.thread_barrier()
         arrived = gl.atomic_add(ARRIVALS + pid, 1, sem="acq_rel", scope="gpu")
         if arrived == gl.num_programs(0) - 1:
