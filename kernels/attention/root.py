@@ -945,9 +945,10 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
 # sum and PV as dots chained over the sub-blocks in key order, which keeps the whole block's bits (the tensor
 # cores accumulate over keys in a fixed order that chaining preserves; measured on the H200), or the tree row sum
 # with its top column bit as the sub-block. A reduced row sum does not split: 128-key blocks need `ROW_SUM` "dot"
-# or "tree" (the launcher sends only those here; see `_dec_covers`). Chunks are
-# written as `_chunks_to_partials` writes them and folded by the Triton merge launch, or (the fused merge) by the
-# row group's last program here, or, when the cache fits one chunk, by each program here. Path knob DECODE_IMPL; the query heads of one KV head are the tile's rows (GQA packed).
+# or "tree" (the launcher sends only those here; see `_dec_covers`). Chunks are written as `_chunks_to_partials`
+# writes them and folded by the Triton merge launch, or (the fused merge) by the row group's last program here,
+# or, when the cache fits one chunk, by each program here. Path knob DECODE_IMPL; the query heads of one KV head
+# are the tile's rows (GQA packed).
 DEC_SUB = gl.constexpr(64)  # keys per streamed sub-block
 
 
