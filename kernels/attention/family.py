@@ -108,8 +108,8 @@ class AttentionFamily(Family):
              "GQA packed, head dim 64/128, 128-key blocks with ROW_SUM dot or tree; else Triton) a warp-specialised "
              "Gluon kernel: a TMA loader warp streams each block as 64-key sub-blocks and one warpgroup does the "
              "block's step from them (same bits as the whole block); its partials go to the merge launch, or with "
-             "the fused merge its last program per row group folds them. H200: decode 0.99x SDPA at 128-key blocks "
-             "against 0.87-0.88 for Triton there"),
+             "the fused merge its last program per row group folds them. H200: decode 1.04-1.11x SDPA at 128-key blocks "
+             "(tree row sum, fused merge) against 0.87-0.88 for Triton there"),
         Knob("DECODE_WS_BUFFERS", (2, 3, 4, 6), "decode",
              "Gluon decode: 64-key K/V sub-block slots in shared memory (at head dim 128, 32 KB each: 3 slots let "
              "two programs share an SM; more give one program an SM and a deeper prefetch; H200: 4 best, 0.99-1.00x "
