@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
-# model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -65,6 +65,17 @@ while [ $# -gt 0 ]; do
       python3 benchmarks/attention_decode_profile.py summarize --details /tmp/prefill_ncu_details.csv \
         --order "$order" --kernel prefill_kernel --out "$OUT/prefill_ncu.json" 2>&1 | tail -5
       gzip -c /tmp/prefill_ncu_details.csv > "$OUT/prefill_ncu_details.csv.gz" ;;
+    linear_ncu) v=$1; cells=$2; shift 2  # linear launches and cuBLAS's on the same cells under Nsight Compute (v: file or root)
+      rep=/tmp/linear_ncu; order="$OUT/linear_ncu_order.json"
+      timeout ${NCU_TIMEOUT_S:-300} ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+        --metrics lts__t_bytes.sum,dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum \
+        -f -o $rep python3 benchmarks/linear_profile.py run --variants-json "$v" --cells "$cells" --order "$order" \
+        2>&1 | tail -12
+      ncu --import $rep.ncu-rep --page details --csv > /tmp/linear_ncu_details.csv 2>/dev/null
+      python3 benchmarks/linear_profile.py summarize --details /tmp/linear_ncu_details.csv --order "$order" \
+        --out "$OUT/linear_ncu.json" 2>&1 | tail -5
+      gzip -c /tmp/linear_ncu_details.csv > "$OUT/linear_ncu_details.csv.gz" ;;
     attention_grid)  # every cell of the paper grid, root and the Hopper variants (variants/attention_grid.json), with per-phase geomeans
       timeout 580 python3 benchmarks/attention_gpu.py --grid --variants-json benchmarks/variants/attention_grid.json \
         --check-variants hopper --budget-s 540 --out "$OUT/attention_grid.json" 2>&1 | tail -70 ;;

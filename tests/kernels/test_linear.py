@@ -1,6 +1,7 @@
 """linear family under TRITON_INTERPRET=1 on the CPU: consistency structure, knob variants, backward, a caught
 mismatch. The interpreter's dot is exact (tik_evo.interp), so a different K order in one path shows up."""
 
+import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -184,3 +185,34 @@ def test_decode_stages_fit_the_launch_in_fewest_waves():
     assert sch(64, 19456, 2560, "DECODE")["stages"] == 4
     assert sch(64, 2560, 4096, "DECODE")["stages"] == 6 and sch(64, 6144, 2560, "DECODE")["stages"] == 6
     assert sch(4096, 19456, 2560, "FULL")["stages"] == load()._schedule(4096, 19456, 2560, "FULL")["stages"]
+
+
+def _profile_script():
+    """benchmarks/linear_profile.py (the Nsight Compute driver), loaded by path: benchmarks/ is not a package."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "linear_profile.py"
+    spec = importlib.util.spec_from_file_location("linear_profile", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_profile_cells_name_weights_exactly_or_by_unique_suffix():
+    prof = _profile_script()
+    shapes = [("qwen3-4b.o", 2560, 4096), ("qwen3-4b.down", 2560, 9728), ("llama3-8b.down", 4096, 14336)]
+    assert prof.parse_cells("o:256, llama3-8b.down:16384", shapes) == [
+        ("qwen3-4b.o", 2560, 4096, 256), ("llama3-8b.down", 4096, 14336, 16384)]
+    for bad, why in (("down:64", "matches 2 of"), ("up:64", "matches 0 of"), ("o", "is not WEIGHT:M"),
+                     ("o:0", "is not WEIGHT:M")):
+        with pytest.raises(SystemExit, match=why):
+            prof.parse_cells(bad, shapes)
+
+
+def test_profile_labels_each_launch_with_its_call():
+    prof = _profile_script()
+    order = ["root o M256", "cublas o M256", "root qkv M16384", "v2 qkv M16384", "cublas qkv M16384"]
+    kernels = ["_linear_chunk_kernel", "_linear_merge_kernel", "nvjet_tst_128x64", "splitKreduce_kernel",
+               "_linear_persistent_kernel", "_linear_kernel", "sm90_xmma_gemm_bf16"]
+    assert prof.label_launches(kernels, order) == [
+        "root o M256", "root o M256", "cublas o M256", "cublas o M256", "root qkv M16384", "v2 qkv M16384",
+        "cublas qkv M16384"]
+    assert prof.label_launches(kernels + ["_linear_kernel"], order)[-1] == "?"  # more launches than calls
