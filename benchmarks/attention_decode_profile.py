@@ -9,7 +9,9 @@
 (cudaProfilerStart/Stop), so the report holds exactly each one's chunk and merge launches, in the order it writes
 to --order. `summarize` reads the report's details page and per-instruction (SASS) page, both exported as CSV, into
 one JSON: per launch its duration and stall reasons, and the SASS lines with the most stall samples.
-`benchmarks/gpu_session.sh attention_ncu VARIANTS_JSON CELLS` does both in one device call.
+`benchmarks/gpu_session.sh attention_ncu VARIANTS_JSON CELLS` does both in one device call. With --phase prefill
+--cudnn, cuDNN SDPA runs each cell after ours; its launches are in the report, unlabelled (its kernels' names say
+which they are).
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ def run(args: argparse.Namespace) -> None:
             v = torch.randn((B, HKV, S, D), generator=gen, device="cuda", dtype=torch.bfloat16)
             for name, mod in mods.items():
                 calls.append((f"{name} B{B} S{S}", mod.prefill, (q, k, v, 1 / math.sqrt(D), torch.empty_like(q))))
+            if args.cudnn:  # the peer on the same inputs, as the bench calls it (GQA without expansion)
+                calls.append((f"cudnn B{B} S{S}", _cudnn_prefill, (q, k, v, 1 / math.sqrt(D))))
         cells = []
     for B, ctx in cells:
         q = torch.randn((B, HQ, 1, D), generator=gen, device="cuda", dtype=torch.bfloat16)
@@ -80,6 +84,14 @@ def run(args: argparse.Namespace) -> None:
     print("profiled", [c[0] for c in calls])
 
 
+def _cudnn_prefill(q, k, v, scale):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
+
+
 def _rows(path: Path) -> list[dict[str, str]]:
     lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.startswith('"')]
     return list(csv.DictReader(lines))
@@ -96,7 +108,8 @@ def summarize(args: argparse.Namespace) -> None:
     # Chunk launches are the odd-numbered ones when every config also launched a merge; label by order.
     labelled = {}
     chunk_ids = [k for k, v in launches.items() if args.kernel in v["kernel"]]
-    for k, label in zip(chunk_ids, order, strict=False):
+    ours = [c for c in order if not c.startswith("cudnn ")]  # the peer's launches have other kernel names
+    for k, label in zip(chunk_ids, ours, strict=False):
         labelled[k] = label
     for k, v in launches.items():
         v["config"] = labelled.get(k, "")
@@ -145,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--variants-json", required=True)
     r.add_argument("--cells", default="1x1024,16x8192", help="BxCTX,... decode cells (32 q heads, 8 kv, d 128)")
     r.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="prefill: cells are BxS")
+    r.add_argument("--cudnn", action="store_true", help="prefill: cuDNN SDPA on each cell too (after ours)")
     r.add_argument("--order", required=True, help="JSON file listing the profiled configs in launch order")
     s = sub.add_parser("summarize")
     s.add_argument("--details", required=True)

@@ -59,7 +59,7 @@ while [ $# -gt 0 ]; do
       timeout ${NCU_TIMEOUT_S:-300} ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
         --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
-        -f -o $rep python3 benchmarks/attention_decode_profile.py run --phase prefill \
+        -f -o $rep python3 benchmarks/attention_decode_profile.py run --phase prefill ${NCU_CUDNN:+--cudnn} \
         --variants-json "$v" --cells "$cells" --order "$order" 2>&1 | tail -12
       ncu --import $rep.ncu-rep --page details --csv > /tmp/prefill_ncu_details.csv 2>/dev/null
       python3 benchmarks/attention_decode_profile.py summarize --details /tmp/prefill_ncu_details.csv \
