@@ -3,8 +3,10 @@
 Run on a GPU. For every variant: every consistency case of the family at level "full" (bitwise, bf16 and
 pre-cast fp32), then prefill / train_forward timed against SDPA's cuDNN and flash backends (CUDA events, `ms`,
 and CUDA-graph replays, `graph_ms`) and decode timed as CUDA-graph replays against default SDPA, on the same
-inputs. Also measures the copy-bandwidth and bf16 matmul ceilings. Writes one JSON file and prints a table last.
-Needs torch, triton and numpy only.
+inputs. Decode and the short prefill cells (at most EAGER_MAX_MS by events) also get `eager_us`: the wall time per
+call of calls made back to back, what a caller without CUDA graphs sees (the larger of host and GPU time). Also
+measures the copy-bandwidth and bf16 matmul ceilings. Writes one JSON file and prints a table last. Needs torch,
+triton and numpy only.
 """
 
 from __future__ import annotations
@@ -220,10 +222,28 @@ def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list
             # Before the graph timing, which leaves another input set's output in `out`.
             err = float((out.float() - ref.float()).norm() / ref.float().norm()) if ref is not None else None
             row.update({"ms": ms, "TFLOPs": flops / ms / 1e9, "rel_l2_vs_sdpa": err})
+            if ms <= EAGER_MAX_MS:
+                row["eager_us"] = _eager_us(functools.partial(mod.prefill, q, k, v, scale, out))
         except Exception as e:  # noqa: BLE001
             row["error"] = repr(e)[:300]
             continue
         row.update(graph_fields(lambda i, mod=mod: mod.prefill(*sets[i], scale, out), len(sets), ms))
+
+
+EAGER_CALLS = 200
+EAGER_MAX_MS = 0.5  # prefill cells longer than this by events are GPU-bound: their eager time is their GPU time
+
+
+def _eager_us(fn: Callable[[], Any], calls: int = EAGER_CALLS) -> float:
+    """Wall time per call of `calls` calls back to back, one synchronisation at the end (after 10 warm-up calls)."""
+    for _ in range(10):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
 
 
 def _event_ms(fn: Callable[[], Any]) -> float:
@@ -254,6 +274,8 @@ def _time_peer(backend: str, sets: list[tuple[torch.Tensor, ...]], scale: float,
                 ref = call(0)
             ms = _event_ms(functools.partial(call, 0))
             row.update({"ms": ms, "TFLOPs": flops / ms / 1e9, "gqa_expanded": peer_sets is not sets})
+            if ms <= EAGER_MAX_MS:
+                row["eager_us"] = _eager_us(functools.partial(call, 0))
             row.update(graph_fields(call, len(peer_sets), ms))
         return ref
     except Exception as e:  # noqa: BLE001 - a missing backend is a result, not a crash
@@ -280,15 +302,13 @@ def time_decode(modules: dict[str, Any], B: int, ctx: int, rows: list[dict]) -> 
         q, k, v, _ = sets[i]
         out.copy_(F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True))
 
-    try:
-        us = graph_time_us(peer, n_sets)
-        rows.append({"phase": "decode", "cell": cell, "impl": "sdpa", "us": us, "TBps": set_bytes / us / 1e6})
-    except Exception as e:  # noqa: BLE001
-        rows.append({"phase": "decode", "cell": cell, "impl": "sdpa", "error": repr(e)[:300]})
-    for name, mod in modules.items():
+    calls = {"sdpa": peer, **{name: lambda i, mod=mod: mod.decode(*sets[i], scale, out)
+                              for name, mod in modules.items()}}
+    for name, call in calls.items():
         try:
-            us = graph_time_us(lambda i, mod=mod: mod.decode(*sets[i], scale, out), n_sets)
-            rows.append({"phase": "decode", "cell": cell, "impl": name, "us": us, "TBps": set_bytes / us / 1e6})
+            us = graph_time_us(call, n_sets)
+            rows.append({"phase": "decode", "cell": cell, "impl": name, "us": us, "TBps": set_bytes / us / 1e6,
+                         "eager_us": _eager_us(functools.partial(call, 0))})
         except Exception as e:  # noqa: BLE001
             rows.append({"phase": "decode", "cell": cell, "impl": name, "error": repr(e)[:300]})
 
@@ -473,8 +493,10 @@ PEER_OF = {"prefill": "sdpa_cudnn", "train_forward": "sdpa_cudnn", "decode": "sd
 
 def _figures(phase: str) -> dict[str, str]:
     """Summary key -> timing field of a phase: decode's graph-replay "us"; prefill's and train_forward's event
-    "ms", and their graph-replay "graph_ms" under "<phase>_graph"."""
-    return {phase: "us"} if phase == "decode" else {phase: "ms", f"{phase}_graph": "graph_ms"}
+    "ms", and their graph-replay "graph_ms" under "<phase>_graph"; every phase's back-to-back "eager_us" under
+    "<phase>_eager" (over the cells that have it)."""
+    main = {phase: "us"} if phase == "decode" else {phase: "ms", f"{phase}_graph": "graph_ms"}
+    return {**main, f"{phase}_eager": "eager_us"}
 
 
 def geomeans(timings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
@@ -528,6 +550,9 @@ def cell_lines(cell: str, impls: dict[str, dict[str, Any]]) -> list[str]:
                                                for n, r in impls.items())]
     if any("graph_ms" in r or "graph_error" in r for r in impls.values()):
         lines.append(f"{'':28s} graph ms: " + " ".join(f"{n}={r['graph_ms']:.3g}" if "graph_ms" in r else f"{n}=ERR"
+                                                        for n, r in impls.items()))
+    if any("eager_us" in r for r in impls.values()):
+        lines.append(f"{'':28s} eager us: " + " ".join(f"{n}={r['eager_us']:.3g}" if "eager_us" in r else f"{n}=-"
                                                         for n, r in impls.items()))
     return lines
 

@@ -561,6 +561,8 @@ def test_bench_time_prefill_adds_graph_times_beside_event_ones(monkeypatch):
     monkeypatch.setattr(bench, "_sdpa", lambda backend: contextlib.nullcontext())
     monkeypatch.setattr(bench, "_event_ms", lambda fn: (fn(), 0.5)[1])
     monkeypatch.setattr(bench, "graph_time_us", graph_time_us)
+    eager_calls = []
+    monkeypatch.setattr(bench, "_eager_us", lambda fn: (eager_calls.append(fn()), 42.0)[1])
     modules = {"ours": SimpleNamespace(prefill=sdpa),
                "syncs": SimpleNamespace(prefill=lambda *a: sdpa(*a, syncs=True))}
     rows, keep = [], {}
@@ -580,6 +582,37 @@ def test_bench_time_prefill_adds_graph_times_beside_event_ones(monkeypatch):
                                                                      scale=1 / math.sqrt(bench.D), enable_gqa=True))
     assert len(state["outs"]) == 1 and state["inputs"] == {id(s[0]) for s in sets}
     assert bench.geomeans(rows)["prefill_graph"] == {"ours": 1.0, "ours_cells": 1, "syncs_graph_errors": 1}
+    # A short cell (0.5 ms by events, EAGER_MAX_MS) also gets its back-to-back time, the peers' too; a longer one not.
+    assert all(by[n]["eager_us"] == 42.0 for n in by) and len(eager_calls) == 4
+    assert bench.geomeans(rows)["prefill_eager"] == {"ours": 1.0, "ours_cells": 1, "syncs": 1.0, "syncs_cells": 1}
+    monkeypatch.setattr(bench, "_event_ms", lambda fn: (fn(), bench.EAGER_MAX_MS * 2)[1])
+    rows = []
+    bench.time_prefill(modules, "prefill", 1, 8, rows)
+    assert not any("eager_us" in r for r in rows) and len(eager_calls) == 4
+
+
+def test_bench_decode_rows_carry_eager_times(monkeypatch):
+    # time_decode on the CPU (SDPA for the peer and a stand-in decode), the graph timer stubbed: every row gets its
+    # graph figure and its back-to-back figure, and the table prints both.
+    from types import SimpleNamespace
+
+    from kernels.attention import bench
+
+    real = {name: getattr(torch, name) for name in ("Generator", "randn", "full", "empty")}
+    # (bench.torch is torch: these stand-ins drop device="cuda" for the test's duration)
+    monkeypatch.setattr(torch, "Generator", lambda device=None: real["Generator"]().manual_seed(0))
+    for name in ("randn", "full", "empty"):
+        monkeypatch.setattr(torch, name, lambda *a, device=None, _f=real[name], **k: _f(*a, **k))
+    monkeypatch.setattr(bench, "graph_time_us", lambda fn, n_sets: (fn(0), 10.0)[1])
+    monkeypatch.setattr(bench, "_eager_us", lambda fn: (fn(), 30.0 if fn.func.__name__ == "peer" else 60.0)[1])
+    ours = SimpleNamespace(decode=lambda q, k, v, lens, scale, out: out.zero_())
+    rows = []
+    bench.time_decode({"ours": ours}, 1, 64, rows)
+    assert [(r["impl"], r["us"], r["eager_us"]) for r in rows] == [("sdpa", 10.0, 30.0), ("ours", 10.0, 60.0)]
+    g = bench.geomeans(rows)
+    assert g["decode"]["ours"] == 1.0 and g["decode_eager"]["ours"] == 0.5
+    lines = bench.cell_lines("decode B1 ctx64", {r["impl"]: r for r in rows})
+    assert lines == [f"{'decode B1 ctx64':28s} us: sdpa=10 ours=10", f"{'':28s} eager us: sdpa=30 ours=60"]
 
 
 def test_named_bench_variants_use_declared_knob_values():
