@@ -1,4 +1,4 @@
-"""`tik-evo` command line: run, resume, status, show, lineage, export, check, bench, tui."""
+"""`tik-evo` command line: run, resume, status, show, lineage, export, check, bench, kernel, tui."""
 
 from __future__ import annotations
 
@@ -301,6 +301,51 @@ def cmd_bench(args) -> int:
     return int(module.main(args.rest) or 0)
 
 
+def _knob_value(family, item: str):
+    """'BLOCK_N=128' -> ('BLOCK_N', 128): the value is read as one of the knob's declared values (so 'off' stays a
+    string and 'true' is True only where the knob takes booleans)."""
+    name, sep, text = item.partition("=")
+    if not sep:
+        raise ConfigError(f"tik-evo kernel {family.name}: {item!r} is not KNOB=VALUE")
+    try:
+        knob = family.knob(name)
+    except KeyError as e:
+        raise ConfigError(f"tik-evo kernel {family.name}: {e.args[0]}") from None
+    for value in knob.values:
+        if str(value) == text or (isinstance(value, bool) and str(value).lower() == text.lower()):
+            return name, value
+    raise ConfigError(f"tik-evo kernel {family.name}: {name}={text!r} is not one of {list(knob.values)}")
+
+
+def cmd_kernel(args) -> int:
+    """A family's root with a named set and knob changes applied: a drop-in kernel file for a trainer and a rollout
+    (both must use the same file: the contract knobs decide the bits)."""
+    from tik_evo.initialization import knob_changes, source_with
+
+    try:
+        family = load_family(args.family)
+    except FamilyError as e:
+        raise ConfigError(str(e)) from e
+    if args.list:
+        sets = family.named_sets()
+        lines = [f"{family.name}: {len(sets)} named sets" + (":" if sets else "")]
+        lines += [f"  {name}: " + ", ".join(f"{k}={v!r}" for k, v in changes.items()) for name, changes in sets.items()]
+        lines.append("knobs (contract knobs change the bits; full / decode knobs only a path's speed):")
+        lines += [f"  {k.name} ({k.role}): {list(k.values)}" for k in family.knobs]
+        out.file.write("\n".join(lines) + "\n")
+        return 0
+    knobs = dict(_knob_value(family, item) for item in args.knobs)
+    changes = knob_changes(family, args.set_name, knobs, f"tik-evo kernel {family.name}", ("--set", "KNOB=VALUE"))
+    source = source_with(family, changes)
+    if args.output:
+        Path(args.output).write_text(source)
+        console.print(f"wrote {family.name}'s root" + (f" with {args.set_name}" if args.set_name else "") +
+                      (f" and {knobs}" if knobs else "") + f" to {args.output}")
+    else:
+        out.file.write(source)
+    return 0
+
+
 def cmd_plot(args) -> int:
     from tik_evo.plot import plot
 
@@ -368,6 +413,13 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("campaign")
     r.add_argument("overrides", nargs="*")
     r.set_defaults(fn=cmd_check)
+    r = sub.add_parser("kernel", help="write a family's root with a named set and knob changes applied")
+    r.add_argument("family")
+    r.add_argument("knobs", nargs="*", help="KNOB=VALUE changes applied after the set")
+    r.add_argument("--set", dest="set_name", help="a named knob set of the family (see --list)")
+    r.add_argument("--list", action="store_true", help="list the family's named sets and knobs")
+    r.add_argument("-o", "--output", help="write the source here (default: standard output)")
+    r.set_defaults(fn=cmd_kernel)
     r = sub.add_parser("bench", help="benchmark a family against its peers (GPU)")
     r.add_argument("family")
     r.add_argument("rest", nargs=argparse.REMAINDER)
@@ -376,7 +428,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args, extra = p.parse_known_args(argv)
+    if extra and args.cmd == "kernel":  # KNOB=VALUE items given after --set / -o
+        args.knobs += extra
+    elif extra:
+        p.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.fn(args)
     except (ConfigError, StoreError) as e:

@@ -59,18 +59,18 @@ def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
     return "cuda", facts, warnings
 
 
-def start_changes(cfg: DictConfig, family: Family) -> dict[str, Any]:
-    """The knob changes of the campaign's `start` (a named set, then `start.knobs`), validated against the
-    family's knob space; raises ConfigError naming the file, the key and the value."""
-    where = cfg.source_file or "campaign"
+def knob_changes(family: Family, set_name: str | None, knobs: dict[str, Any], where: str,
+                 keys: tuple[str, str] = ("start.set", "start.knobs")) -> dict[str, Any]:
+    """A named set's knob changes, then `knobs`, validated against the family's knob space; raises ConfigError
+    naming `where`, the key (keys: how the set and the knobs were given) and the value."""
     changes: dict[str, Any] = {}
-    parts = [("start.knobs", dict(cfg.start.knobs))]
-    if cfg.start.set:
+    parts = [(keys[1], knobs)]
+    if set_name:
         sets = family.named_sets()
-        if cfg.start.set not in sets:
-            raise ConfigError(f"{where}: key 'start.set': {cfg.start.set!r} is not a named set of family "
+        if set_name not in sets:
+            raise ConfigError(f"{where}: key {keys[0]!r}: {set_name!r} is not a named set of family "
                               f"{family.name!r} (sets: {', '.join(sorted(sets)) or 'none'})")
-        parts.insert(0, ("start.set", sets[cfg.start.set]))
+        parts.insert(0, (keys[0], sets[set_name]))
     for key, part in parts:
         try:
             family.check_knobs(part, f"{where}: key {key!r}")
@@ -80,11 +80,20 @@ def start_changes(cfg: DictConfig, family: Family) -> dict[str, Any]:
     return changes
 
 
+def start_changes(cfg: DictConfig, family: Family) -> dict[str, Any]:
+    """The knob changes of the campaign's `start` (a named set, then `start.knobs`)."""
+    return knob_changes(family, cfg.start.set, dict(cfg.start.knobs), cfg.source_file or "campaign")
+
+
+def source_with(family: Family, changes: dict[str, Any]) -> str:
+    """The family's root source with knob changes written into its KNOBS."""
+    source = family.root_source()
+    return write_knobs(source, {**read_knobs(source), **changes}) if changes else source
+
+
 def start_source(cfg: DictConfig, family: Family) -> str:
     """The source the search starts from: the family's root, with the campaign's `start` applied."""
-    source = family.root_source()
-    changes = start_changes(cfg, family)
-    return write_knobs(source, {**read_knobs(source), **changes}) if changes else source
+    return source_with(family, start_changes(cfg, family))
 
 
 def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[dict[str, Any]], device: str,

@@ -57,3 +57,38 @@ def test_root_passes_the_engine_audit(tmp_path, name):
     assert all(m["timer"] == "wall-interpreter" for m in out.measurements.values())
     fresh = [c for s in out.stages for c in s["checks"] if c["kind"] == "fresh"]
     assert fresh and all(c["passed"] for c in fresh)
+
+
+def test_kernel_command_writes_a_root_with_a_named_set_and_knobs(tmp_path, capsys):
+    family = load_family("attention")
+    target = tmp_path / "attention.py"
+    # Knob values are read as the knob declares them: 'off' stays a string, 'false' is a bool, '24' an int.
+    assert main(["kernel", "attention", "--set", "hopper_bn128_tree_s512", "FULL_WS_BANDS=off",
+                 "DECODE_FINISH_SINGLE=false", "FULL_WS_LOADER_REGS=24", "-o", str(target)]) == 0
+    knobs = read_knobs(target.read_text())
+    want = {**read_knobs(family.root_source()), **family.named_sets()["hopper_bn128_tree_s512"],
+            "FULL_WS_BANDS": "off", "DECODE_FINISH_SINGLE": False, "FULL_WS_LOADER_REGS": 24}
+    assert knobs == want
+    # Without a set or knobs: the root itself, on standard output.
+    capsys.readouterr()
+    assert main(["kernel", "rmsnorm"]) == 0
+    assert capsys.readouterr().out == load_family("rmsnorm").root_source()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["attention", "BLOCK_N=96"], "BLOCK_N='96' is not one of [32, 64, 128]"),
+    (["attention", "NOPE=1"], "has no knob 'NOPE'"),
+    (["attention", "BLOCK_N"], "'BLOCK_N' is not KNOB=VALUE"),
+    (["attention", "--set", "nope"], "key '--set': 'nope' is not a named set"),
+    (["attentio"], "unknown kernel family 'attentio'"),
+])
+def test_kernel_command_names_what_is_wrong(tmp_path, capsys, args, message):
+    target = tmp_path / "k.py"
+    assert main(["kernel", *args, "-o", str(target)]) == 2
+    assert message in " ".join(capsys.readouterr().err.split()) and not target.exists()
+
+
+def test_kernel_command_lists_sets_and_knobs(capsys):
+    assert main(["kernel", "attention", "--list"]) == 0
+    listing = capsys.readouterr().out
+    assert "hopper_bn128_tree_s512: " in listing and "  BLOCK_N (contract): [32, 64, 128]" in listing
