@@ -37,20 +37,10 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
 from kernels.attention.bench import VARIANTS, load_variant  # noqa: E402
+from kernels.attention.bench import eager_us as host_us  # noqa: E402  (calls back to back, one sync)
 from tik_evo.timing import graph_replay_us  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
-
-
-def host_us(fn, n: int) -> float:
-    for _ in range(20):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
 
 
 def events_us(fn, flush: bool, reps: int = 100) -> float:

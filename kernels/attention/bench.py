@@ -223,7 +223,7 @@ def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list
             err = float((out.float() - ref.float()).norm() / ref.float().norm()) if ref is not None else None
             row.update({"ms": ms, "TFLOPs": flops / ms / 1e9, "rel_l2_vs_sdpa": err})
             if ms <= EAGER_MAX_MS:
-                row["eager_us"] = _eager_us(functools.partial(mod.prefill, q, k, v, scale, out))
+                row["eager_us"] = eager_us(functools.partial(mod.prefill, q, k, v, scale, out))
         except Exception as e:  # noqa: BLE001
             row["error"] = repr(e)[:300]
             continue
@@ -234,7 +234,7 @@ EAGER_CALLS = 200
 EAGER_MAX_MS = 0.5  # prefill cells longer than this by events are GPU-bound: their eager time is their GPU time
 
 
-def _eager_us(fn: Callable[[], Any], calls: int = EAGER_CALLS) -> float:
+def eager_us(fn: Callable[[], Any], calls: int = EAGER_CALLS) -> float:
     """Wall time per call of `calls` calls back to back, one synchronisation at the end (after 10 warm-up calls)."""
     for _ in range(10):
         fn()
@@ -275,7 +275,7 @@ def _time_peer(backend: str, sets: list[tuple[torch.Tensor, ...]], scale: float,
             ms = _event_ms(functools.partial(call, 0))
             row.update({"ms": ms, "TFLOPs": flops / ms / 1e9, "gqa_expanded": peer_sets is not sets})
             if ms <= EAGER_MAX_MS:
-                row["eager_us"] = _eager_us(functools.partial(call, 0))
+                row["eager_us"] = eager_us(functools.partial(call, 0))
             row.update(graph_fields(call, len(peer_sets), ms))
         return ref
     except Exception as e:  # noqa: BLE001 - a missing backend is a result, not a crash
@@ -308,7 +308,7 @@ def time_decode(modules: dict[str, Any], B: int, ctx: int, rows: list[dict]) -> 
         try:
             us = graph_time_us(call, n_sets)
             rows.append({"phase": "decode", "cell": cell, "impl": name, "us": us, "TBps": set_bytes / us / 1e6,
-                         "eager_us": _eager_us(functools.partial(call, 0))})
+                         "eager_us": eager_us(functools.partial(call, 0))})
         except Exception as e:  # noqa: BLE001
             rows.append({"phase": "decode", "cell": cell, "impl": name, "error": repr(e)[:300]})
 

@@ -562,7 +562,7 @@ def test_bench_time_prefill_adds_graph_times_beside_event_ones(monkeypatch):
     monkeypatch.setattr(bench, "_event_ms", lambda fn: (fn(), 0.5)[1])
     monkeypatch.setattr(bench, "graph_time_us", graph_time_us)
     eager_calls = []
-    monkeypatch.setattr(bench, "_eager_us", lambda fn: (eager_calls.append(fn()), 42.0)[1])
+    monkeypatch.setattr(bench, "eager_us", lambda fn: (eager_calls.append(fn()), 42.0)[1])
     modules = {"ours": SimpleNamespace(prefill=sdpa),
                "syncs": SimpleNamespace(prefill=lambda *a: sdpa(*a, syncs=True))}
     rows, keep = [], {}
@@ -604,7 +604,7 @@ def test_bench_decode_rows_carry_eager_times(monkeypatch):
     for name in ("randn", "full", "empty"):
         monkeypatch.setattr(torch, name, lambda *a, device=None, _f=real[name], **k: _f(*a, **k))
     monkeypatch.setattr(bench, "graph_time_us", lambda fn, n_sets: (fn(0), 10.0)[1])
-    monkeypatch.setattr(bench, "_eager_us", lambda fn: (fn(), 30.0 if fn.func.__name__ == "peer" else 60.0)[1])
+    monkeypatch.setattr(bench, "eager_us", lambda fn: (fn(), 30.0 if fn.func.__name__ == "peer" else 60.0)[1])
     ours = SimpleNamespace(decode=lambda q, k, v, lens, scale, out: out.zero_())
     rows = []
     bench.time_decode({"ours": ours}, 1, 64, rows)
