@@ -1,0 +1,62 @@
+"""Attention for the policy update: a differentiable call whose forward is a kernel file's `prefill`.
+
+The forward values are the kernel's, the bits the rollout's decode agrees with. The backward recomputes the
+attention with torch SDPA under autograd and returns its gradients. Backward need not be bit-exact; only the
+forward log-probs have to equal the rollout's.
+
+    impl = load_kernel("attention_kernel.py")     # e.g. from `tik-evo kernel attention --set ... -o ...`
+    out = attention(q, k, v, impl)                 # q [B, HQ, S, D], k/v [B, HKV, S, D], bf16
+    loss(out).backward()
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+
+def load_kernel(path: str | Path, name: str | None = None) -> ModuleType:
+    """Import a kernel file (a family's root or a search's best) by path."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(name or f"tik_kernel_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Attention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, impl, sm_scale):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = torch.empty_like(q)
+        impl.prefill(q, k, v, sm_scale, out)
+        ctx.save_for_backward(q, k, v)
+        ctx.sm_scale = sm_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=ctx.sm_scale,
+                                               enable_gqa=q.shape[1] != k.shape[1])
+            grads = torch.autograd.grad(o, (q, k, v), grad_out)
+        return (*grads, None, None)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: ModuleType,
+              sm_scale: float | None = None) -> torch.Tensor:
+    """Causal GQA attention through `impl.prefill` (forward) with SDPA's gradients (backward)."""
+    if q.dim() != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2:] != k.shape[2:] \
+            or q.shape[1] % k.shape[1]:
+        raise ValueError(f"attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected "
+                         "q [B, HQ, S, D] and k, v [B, HKV, S, D] with HKV dividing HQ")
+    return _Attention.apply(q, k, v, impl, 1 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale)
