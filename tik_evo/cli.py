@@ -246,6 +246,13 @@ def cmd_status(args) -> int:
     return 0
 
 
+def _write(path: str, text: str) -> None:
+    try:
+        Path(path).write_text(text)
+    except OSError as e:
+        raise ConfigError(f"-o {path}: {e.strerror or e}") from None
+
+
 def cmd_show(args) -> int:
     from tik_evo.report import show
 
@@ -256,7 +263,7 @@ def cmd_show(args) -> int:
         if args.output:
             # The whole candidate file: a drop-in for the family's root.py (its KNOBS say what the search chose).
             impl = store.get(impl_id)
-            Path(args.output).write_text(store.source(impl.source_hash))
+            _write(args.output, store.source(impl.source_hash))
             console.print(f"wrote {impl.id} ({impl.status}, knobs {impl.knobs}) to {args.output}")
         else:
             out.print(show(store, impl_id))
@@ -338,7 +345,7 @@ def cmd_kernel(args) -> int:
     changes = knob_changes(family, args.set_name, knobs, f"tik-evo kernel {family.name}", ("--set", "KNOB=VALUE"))
     source = source_with(family, changes)
     if args.output:
-        Path(args.output).write_text(source)
+        _write(args.output, source)
         console.print(f"wrote {family.name}'s root" + (f" with {args.set_name}" if args.set_name else "") +
                       (f" and {knobs}" if knobs else "") + f" to {args.output}")
     else:

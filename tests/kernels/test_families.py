@@ -88,6 +88,12 @@ def test_kernel_command_names_what_is_wrong(tmp_path, capsys, args, message):
     assert message in " ".join(capsys.readouterr().err.split()) and not target.exists()
 
 
+def test_kernel_command_names_an_unwritable_output(tmp_path, capsys):
+    target = tmp_path / "missing-dir" / "k.py"
+    assert main(["kernel", "attention", "-o", str(target)]) == 2
+    assert f"-o {target}: No such file or directory" in " ".join(capsys.readouterr().err.split())
+
+
 def test_kernel_command_lists_sets_and_knobs(capsys):
     assert main(["kernel", "attention", "--list"]) == 0
     listing = capsys.readouterr().out
