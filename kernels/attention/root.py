@@ -1425,9 +1425,10 @@ class _Launch:
     def _launch(self, grid, args, kw):
         hooks = triton.knobs.runtime
         # Keywords are the constexprs and launch options (ints, bools, strings), kept by value in the key and
-        # replayed as they were; anything else (a tensor passed by keyword) takes Triton's path every time.
+        # replayed as they were; anything else (a tensor passed by keyword) takes Triton's path every time, and so
+        # does a launch that torch.compile is tracing (it knows `kernel[grid]`, not the raw launcher).
         if not (self.fast and FAST_LAUNCH and _no_hooks(hooks.launch_enter_hook) and _no_hooks(hooks.launch_exit_hook)
-                and all(type(v) in _CONST_TYPES for v in kw.values())):
+                and all(type(v) in _CONST_TYPES for v in kw.values()) and not torch.compiler.is_compiling()):
             return self.fn[grid](*_full(args), **kw)
         device = _launch_device()
         key = (device, tuple(map(_arg_key, args)), tuple(kw.items()))

@@ -909,6 +909,10 @@ def test_fast_launch_reuses_a_compiled_kernel_only_for_an_identical_key(monkeypa
     launch[(1,)](x, 32, 0.5, BLOCK=x)
     launch[(1,)](x, 32, 0.5, BLOCK=x)
     assert len(jit.triton_launches) == 10
+    # Under torch.compile's tracing: Triton's path, which the compiler knows.
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    launch[(1,)](x, 32, 0.5)
+    assert len(jit.triton_launches) == 11
 
 
 def test_light_descriptor_keys_like_the_triton_descriptor_it_stands_for():
