@@ -343,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="consistency on the small case only, fewer cells")
     ap.add_argument("--best", metavar="RUN_DIR", default=None,
                     help="also time (and check) the best implementation of an attention run directory")
+    ap.add_argument("--kernel", metavar="FILE", action="append", default=[],
+                    help="also time (and check) a kernel file, e.g. from `tik-evo kernel attention ... -o FILE` "
+                         "(repeatable)")
     ap.add_argument("--grid", action="store_true",
                     help="time every cell of workloads/attention_grid.yaml (48) and report per-phase geomeans "
                          "against the peers")
@@ -352,6 +355,17 @@ def main(argv: list[str] | None = None) -> int:
                          "'decode.B1.ctx': '.' for a space, since gpu_session.sh splits ATTN_ARGS on spaces); the "
                          "geomeans then cover those cells")
     args = ap.parse_args(argv)
+    kernel_files = {}
+    for f in args.kernel:  # read before anything runs, so a wrong path or file is named at once
+        try:
+            kernel_files[f"file_{Path(f).stem}"] = source = Path(f).read_text()
+            FAMILY.check_knobs(read_knobs(source), "its KNOBS")
+        except OSError as e:
+            print(f"--kernel {f}: {e.strerror or e}", file=sys.stderr)
+            return 2
+        except ValueError as e:  # no KNOBS dict, or a knob outside the family's space (KnobsError is one too)
+            print(f"--kernel {f}: {e}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("tik-evo bench attention needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -396,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
         modules[name], report["variants"][name] = load_variant(name, {}, tmp, best_source)
         report["best_run"] = {"run_dir": str(args.best), "impl": best_id}
         checked.append(name)  # an implementation from a run is always re-checked on this GPU
+    for name, source in kernel_files.items():  # so is a kernel file
+        modules[name], report["variants"][name] = load_variant(name, {}, tmp, source)
+        checked.append(name)
     prefill_mods = {n: m for n, m in modules.items() if not n.startswith("d_")}
     decode_mods = {n: m for n, m in modules.items() if not n.startswith("p_")}
 

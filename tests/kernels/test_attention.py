@@ -416,6 +416,22 @@ def test_bench_needs_a_gpu(capsys):
     assert bench.main([]) == 2
 
 
+def test_bench_names_a_kernel_file_it_cannot_use(tmp_path, capsys):
+    # Checked before anything runs (and before the GPU check): a missing file, a file without KNOBS, a knob
+    # outside the family's space.
+    from kernels.attention import bench
+
+    bad_knob = tmp_path / "bad_knob.py"
+    bad_knob.write_text(with_knobs(FAMILY.root_source(), BLOCK_N=128).replace("'BLOCK_N': 128", "'BLOCK_N': 96"))
+    no_knobs = tmp_path / "no_knobs.py"
+    no_knobs.write_text("def prefill(): pass\n")
+    for path, message in ((tmp_path / "missing.py", "No such file or directory"),
+                          (no_knobs, "KNOBS"), (bad_knob, "BLOCK_N=96 is not one of [32, 64, 128]")):
+        assert bench.main(["--kernel", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"--kernel {path}: ") and message in err, err
+
+
 def test_bench_grid_and_geomeans():
     from kernels.attention.bench import geomeans, grid_cells
 
