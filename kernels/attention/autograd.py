@@ -11,7 +11,6 @@ forward log-probs have to equal the rollout's.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 from types import ModuleType
@@ -19,16 +18,12 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
+from tik_evo.candidate import load_module
+
 
 def load_kernel(path: str | Path, name: str | None = None) -> ModuleType:
     """Import a kernel file (a family's root or a search's best) by path."""
-    path = Path(path)
-    spec = importlib.util.spec_from_file_location(name or f"tik_kernel_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{path}: not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, name or f"tik_kernel_{Path(path).stem}")
 
 
 class _Attention(torch.autograd.Function):

@@ -1,7 +1,6 @@
 """linear family under TRITON_INTERPRET=1 on the CPU: consistency structure, knob variants, backward, a caught
 mismatch. The interpreter's dot is exact (tik_evo.interp), so a different K order in one path shows up."""
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -9,6 +8,7 @@ import _family
 import pytest
 
 from kernels.linear import FAMILY
+from tik_evo.candidate import load_module
 
 _load, failures = _family.loader(FAMILY)
 
@@ -189,11 +189,7 @@ def test_decode_stages_fit_the_launch_in_fewest_waves():
 
 def _profile_script():
     """benchmarks/linear_profile.py (the Nsight Compute driver), loaded by path: benchmarks/ is not a package."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "linear_profile.py"
-    spec = importlib.util.spec_from_file_location("linear_profile", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "linear_profile.py", "linear_profile")
 
 
 def test_profile_cells_name_weights_exactly_or_by_unique_suffix():
