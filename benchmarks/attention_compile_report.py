@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap",
         "PERSISTENT": (2 if kn["FULL_WS_BANDS"] != "off" else 1) if kn["FULL_WS_PERSISTENT"] != "off" else 0,
         "WRITE32": False, "CONS": cons, "Q_TILES": q_tiles, "ACC_SMEM": acc_smem, "CONS_REGS": cons_regs,
-        "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot"}, 4, 1, ALIGNED, maxnreg=maxnreg)
+        "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot",
+        "DIAG": kn.get("FULL_WS_DIAG") == "half" and cons == 2 and kn["BLOCK_N"] == 128 and kn["ROW_SUM"] == "tree"
+        and kn["FULL_WS_SCHEDULE"] == "serial"}, 4, 1, ALIGNED, maxnreg=maxnreg)
     # The Gluon decode (DECODE_IMPL), as `_dec_launch` launches it (partials for the merge launch, or folded by the
     # row group's last program with the fused merge).
     dec_sig = {"Q": "*bf16", "k_desc": desc(64), "v_desc": desc(64), "CTX": "*i32", "O": "*bf16", "O32": "*bf16",

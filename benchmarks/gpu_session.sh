@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
-# measurements named in $@ (attention VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
+# measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
 # model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
@@ -36,6 +36,10 @@ while [ $# -gt 0 ]; do
       timeout $(( ${ATTN_BUDGET_S:-330} + 50 )) python3 benchmarks/attention_gpu.py --variants-json "$v" \
         --budget-s ${ATTN_BUDGET_S:-330} ${ATTN_CHECK:+--check-variants $ATTN_CHECK} ${ATTN_ARGS:-} \
         --out "$OUT/attention_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
+    attention_ab) v=$1; shift  # prefill variants against cuDNN, graphs replayed in interleaved rounds (AB_CELLS regex)
+      timeout $(( ${AB_BUDGET_S:-400} + 120 )) python3 benchmarks/attention_prefill_ab.py --variants-json "$v" \
+        --cells "${AB_CELLS:-}" --rounds ${AB_ROUNDS:-7} --budget-s ${AB_BUDGET_S:-400} \
+        --out "$OUT/attention_ab_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
     attention_ncu) v=$1; cells=$2; shift 2  # decode launches of some variants under Nsight Compute
       rep=/tmp/decode_ncu; order="$OUT/decode_ncu_order.json"
       timeout 300 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
@@ -58,13 +62,22 @@ while [ $# -gt 0 ]; do
       rep=/tmp/prefill_ncu; order="$OUT/prefill_ncu_order.json"
       timeout ${NCU_TIMEOUT_S:-300} ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-        --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
+        --section SourceCounters --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
         -f -o $rep python3 benchmarks/attention_decode_profile.py run --phase prefill ${NCU_CUDNN:+--cudnn} \
         --variants-json "$v" --cells "$cells" --order "$order" 2>&1 | tail -12
       ncu --import $rep.ncu-rep --page details --csv > /tmp/prefill_ncu_details.csv 2>/dev/null
+      : > /tmp/prefill_ncu_sass.csv  # per launch of ours, the SASS with its stall samples (the peer's is closed)
+      labels=$(python3 -c "import json; print(' '.join(l.replace(' ', '_') for l in json.load(open('$order')) if not l.startswith('cudnn ')))" 2>/dev/null)
+      i=0; for l in $labels; do
+        echo "#kernel $l" >> /tmp/prefill_ncu_sass.csv
+        ncu --import $rep.ncu-rep --page source --csv --print-source sass -k regex:prefill_kernel \
+          --launch-skip $i --launch-count 1 >> /tmp/prefill_ncu_sass.csv 2>&1
+        i=$(( i + 1 ))
+      done
       python3 benchmarks/attention_decode_profile.py summarize --details /tmp/prefill_ncu_details.csv \
-        --order "$order" --kernel prefill_kernel --out "$OUT/prefill_ncu.json" 2>&1 | tail -5
-      gzip -c /tmp/prefill_ncu_details.csv > "$OUT/prefill_ncu_details.csv.gz" ;;
+        --sass /tmp/prefill_ncu_sass.csv --order "$order" --kernel prefill_kernel --out "$OUT/prefill_ncu.json" 2>&1 | tail -5
+      gzip -c /tmp/prefill_ncu_details.csv > "$OUT/prefill_ncu_details.csv.gz"
+      gzip -c /tmp/prefill_ncu_sass.csv > "$OUT/prefill_ncu_sass.csv.gz" ;;
     linear_ncu) v=$1; cells=$2; shift 2  # linear launches and cuBLAS's on the same cells under Nsight Compute (v: file or root)
       rep=/tmp/linear_ncu; order="$OUT/linear_ncu_order.json"
       timeout ${NCU_TIMEOUT_S:-300} ncu --clock-control none --profile-from-start off --section SpeedOfLight \

@@ -56,6 +56,9 @@ class AttentionFamily(Family):
              "softmax row sums as a reduction over the accumulator (rounds by MMA layout, so both paths need tiles "
              "of >= 64 rows on Hopper), as a dot of the bf16 probabilities with a ones vector, or as a fixed tree of "
              "pairwise adds (dot and tree are the same in every tile: decode may then use 16- or 32-row tiles)"),
+        Knob("NORMALIZE", ("divide", "reciprocal"), "contract",
+             "the output's division by the softmax row sum: each element divided, or multiplied by one reciprocal "
+             "per row (one rounding more in fp32, far below bf16; fewer instructions in every tile's epilogue)"),
         Knob("BLOCK_M", (64, 128), "full",
              "prefill query rows per program; >= 64 keeps the wgmma layout family the decode tile uses"),
         Knob("FULL_NUM_WARPS", (4, 8), "full", "warps per prefill program"),
@@ -98,6 +101,10 @@ class AttentionFamily(Family):
              "Gluon prefill, persistent programs: deal the snake over bands of heads (whole GQA groups; the fewest "
              "whose tiles make this many rounds of programs), the bands' rows alternating ascending and descending, "
              "so the tiles in flight share fewer KV heads' keys in L2; off: all heads row block by row block"),
+        Knob("FULL_WS_DIAG", ("full", "half"), "full",
+             "Gluon prefill, 128-row tiles over 128-key blocks, serial schedule, tree row sum: half runs the lower "
+             "64 rows' diagonal block on its first 64 keys only (the rest lie past those rows), the same bits for "
+             "half that block's tensor and softmax work"),
         Knob("FULL_WS_LOADER_REGS", ("auto", 24), "full",
              "Gluon prefill: registers a thread of the loader warp keeps (setmaxnreg); the consumers share the "
              "rest of the launch's budget. auto: 40 with two consumers (232 each), 32 with three (160 each); 24 "
@@ -164,6 +171,9 @@ class AttentionFamily(Family):
                             "heads instead of 64 rows mostly wasted (registers, exponentials, MMA work); the dot "
                             "costs prefill one narrow dot per block, the tree nothing (joint)",
                             knobs=("ROW_SUM", "DECODE_BLOCK_M")),
+            OpportunitySpec("normalize", "Normalise the output by one reciprocal of the row sum per row times "
+                            "each element instead of dividing each element (joint; the fp32 division expands to "
+                            "several instructions per element in every tile's epilogue)", knobs=("NORMALIZE",)),
             OpportunitySpec("kv_block", "Change the KV block width: wider blocks mean fewer online-softmax "
                             "rescales and larger MMAs, narrower ones less shared memory (joint)",
                             knobs=("BLOCK_N",)),
@@ -183,7 +193,7 @@ class AttentionFamily(Family):
                             knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT", "FULL_IMPL",
                                    "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT",
                                    "FULL_WS_CONSUMERS", "FULL_WS_QUERY_TILES", "FULL_WS_LOADER_REGS",
-                                   "FULL_WS_BANDS")),
+                                   "FULL_WS_BANDS", "FULL_WS_DIAG")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -36,6 +36,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 KNOBS = {
     "BLOCK_N": 64,
     "ROW_SUM": "reduce",
+    "NORMALIZE": "divide",
     "SPLIT_TOKENS": 1024,
     "BLOCK_M": 128,
     "FULL_NUM_WARPS": 8,
@@ -62,6 +63,7 @@ KNOBS = {
     "FULL_WS_QUERY_TILES": 2,
     "FULL_WS_LOADER_REGS": "auto",
     "FULL_WS_BANDS": "off",
+    "FULL_WS_DIAG": "full",
     "DECODE_IMPL": "triton",
     "DECODE_WS_BUFFERS": 3,
     "DECODE_WS_SCHEDULE": "serial",
@@ -74,6 +76,9 @@ LOG2E = 1.4426950408889634
 # (one contract value for both paths, read as a global constexpr).
 ROW_SUM_DOT = tl.constexpr(KNOBS["ROW_SUM"] == "dot")
 ROW_SUM_TREE = tl.constexpr(KNOBS["ROW_SUM"] == "tree")
+# The output's division by the row sum: per element, or one reciprocal per row times each element (one rounding
+# more, fewer instructions per tile: the fp32 division expands to a multiply and two range fix-ups per element).
+NORMALIZE_RECIPROCAL = tl.constexpr(KNOBS["NORMALIZE"] == "reciprocal")
 
 
 @triton.jit
@@ -220,7 +225,10 @@ def _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, kv, lo, hi, key_limit, row_
 
 @triton.jit
 def _finish(acc, l_i):
-    return acc / l_i[:, None]
+    if NORMALIZE_RECIPROCAL:
+        return acc * (1.0 / l_i)[:, None]
+    else:
+        return acc / l_i[:, None]
 
 
 @triton.jit
@@ -675,6 +683,15 @@ def _ws_row_sum_take(rs, ROW: gl.constexpr):
 
 
 @gluon.jit
+def _ws_finish(acc, l):
+    """`_finish` (NORMALIZE) of acc [R, D] by l [R], l already in acc's row layout."""
+    if NORMALIZE_RECIPROCAL:
+        return acc * (1.0 / l)[:, None]
+    else:
+        return acc / l[:, None]
+
+
+@gluon.jit
 def _ws_merge(m_a, l_a, acc_a, m_b, l_b, acc_b, qk_scale, O_ROW: gl.constexpr):
     """`_merge`: fold chunk b into the running state a."""
     m = gl.maximum(m_a, m_b)
@@ -742,15 +759,52 @@ def _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW: gl.constexp
 
 
 @gluon.jit
+def _ws_diag_half(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, u, j, rows, c_m, c_l, c_acc, qk_scale,
+                  ROWS_LAYOUT: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr):
+    """Block j (ring index u), a tile's diagonal 128-key block, for the tile's lower 64 rows: its upper 64 keys lie
+    past all of them, so only the K/V slot's first 64 rows enter. Each score is its own dot over the head dim, the
+    masked keys add -inf to the max, zeros at the tree row sum's c6 level (after c0, c3 .. c5: the 64-key tree is
+    the 128-key one's lower subtree) and k-steps of zero probabilities to the PV, so the bits are the whole block's
+    (checked on the H200 by the family's gate) for half its tensor and softmax work. Returns (m, l, chunk acc)."""
+    KH: gl.constexpr = WS_ROWS  # keys kept
+    S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, KH, 16])
+    O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    P_LAYOUT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_LAYOUT, k_width=2)
+    S_ROW: gl.constexpr = gl.SliceLayout(1, S_LAYOUT)
+    slot = u % NUM_BUF
+    mbarrier.wait(k_ready.index(slot), (u // NUM_BUF) & 1)
+    k_half = k_bufs.index(slot).slice(0, KH)
+    s_tok = warpgroup_mma(q_smem, k_half.permute((1, 0)), gl.zeros([WS_ROWS, KH], gl.float32, S_LAYOUT),
+                          use_acc=False, is_async=True)
+    s, _q, _k = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_half])
+    # block 2j of 64 keys starts at key j * 128
+    p16, alpha, m_new, l_new = _ws_probs(s, gl.convert_layout(c_m, S_ROW), gl.convert_layout(c_l, S_ROW), 2 * j,
+                                         gl.convert_layout(rows, S_ROW), qk_scale, True, None, S_LAYOUT, P_LAYOUT,
+                                         KH, False)
+    c_acc = c_acc * gl.convert_layout(alpha, gl.SliceLayout(1, O_LAYOUT))[:, None]
+    mbarrier.wait(v_ready.index(slot), (u // NUM_BUF) & 1)
+    v_half = v_bufs.index(slot).slice(0, KH)
+    acc_tok = warpgroup_mma(p16, v_half, c_acc, is_async=True)
+    c_acc, _v, _p = warpgroup_mma_wait(0, deps=[acc_tok, v_half, p16])
+    mbarrier.arrive(empty.index(slot), count=1)
+    return gl.convert_layout(m_new, ROWS_LAYOUT), gl.convert_layout(l_new, ROWS_LAYOUT), c_acc
+
+
+@gluon.jit
 def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, ones, g, rows, n_blocks, unmasked, qk_scale,
              ROWS_LAYOUT: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
-             NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, ACC_SMEM: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
+             NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, ACC_SMEM: gl.constexpr, ROW_SUM_DOT: gl.constexpr,
+             DIAG_HALF: gl.constexpr = False):
     """This warpgroup's rows over blocks 0 .. n_blocks - 1 (blocks from `unmasked` masked; block j sits in ring
     slot g + j): (m, l, acc), acc in registers, or with ACC_SMEM in `acc_smem` (then returned as that slot).
 
     OVERLAP issues block j + 1's QK^T before block j's PV, so the softmax of j + 1 runs while the tensor cores do
     PV j; the operations per block and their order per row are the same either way. ACC_SMEM keeps the merged
-    accumulator, which only the chunk folds touch, out of registers: 64 registers a thread fewer in the loop."""
+    accumulator, which only the chunk folds touch, out of registers: 64 registers a thread fewer in the loop.
+    DIAG_HALF (the lower rows of a 128-row tile at 128-key blocks, serial schedule, tree row sum): the last block,
+    the diagonal, through `_ws_diag_half`."""
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BLOCK_N, 16])
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -798,7 +852,7 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, ones, g,
             c_m = gl.full_like(c_m, float("-inf"))
             c_l = gl.zeros_like(c_l)
     else:
-        for j in range(0, n_blocks):
+        for j in range(0, n_blocks - 1 if DIAG_HALF else n_blocks):
             s_tok, k_smem = _ws_qk(g + j, q_smem, k_bufs, k_ready, s, NUM_BUF)
             s, _q, _k = warpgroup_mma_wait(0, deps=[s_tok, q_smem, k_smem])
             if ROW_SUM_DOT:  # the row sum's dot in flight with the PV, both waited at once
@@ -819,6 +873,13 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, ones, g,
             if _ws_chunk_ends(j, BLOCK_N, SPLIT):
                 m_i, l_i, acc, c_acc, c_m, c_l = _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW,
                                                                  ACC_SMEM)
+        if DIAG_HALF:
+            last = n_blocks - 1
+            c_m, c_l, c_acc = _ws_diag_half(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, g + last, last, rows,
+                                            c_m, c_l, c_acc, qk_scale, ROWS_LAYOUT, HEAD_D, NUM_BUF)
+            if _ws_chunk_ends(last, BLOCK_N, SPLIT):
+                m_i, l_i, acc, c_acc, c_m, c_l = _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW,
+                                                                 ACC_SMEM)
     if SPLIT == 0:
         return c_m, c_l, c_acc  # one chunk, never merged (as `_chunk` alone)
     else:  # the open chunk (identity if empty)
@@ -830,7 +891,7 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
                  HQ, HKV, GROUP, HB, qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
                  SPLIT: gl.constexpr, NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
                  WRITE32: gl.constexpr, CONS: gl.constexpr, Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr,
-                 ROW_SUM_DOT: gl.constexpr):
+                 ROW_SUM_DOT: gl.constexpr, DIAG: gl.constexpr):
     """One warpgroup, per tile: query rows tile_start + HALF * 64 + [0, 64) over their causal keys, stored."""
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
@@ -847,12 +908,13 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
         n_blocks = gl.cdiv(hi, BLOCK_N)
         m_i, l_i, acc = _ws_rows(q_bufs.index(CONS * (i % Q_TILES) + HALF), k_bufs, v_bufs, k_ready, v_ready, empty,
                                  acc_smem, ones, g, rows, n_blocks, tile_start // BLOCK_N, qk_scale, S_ROW,
-                                 HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, ACC_SMEM, ROW_SUM_DOT)
+                                 HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, ACC_SMEM, ROW_SUM_DOT,
+                                 DIAG and HALF == WS_LOWER)
         mbarrier.arrive(q_empty.index(i % Q_TILES), count=1)  # every MMA reading this Q slot has completed
         g += n_blocks
         if ACC_SMEM and SPLIT != 0:
             acc = acc.load(O_LAYOUT)
-        o = acc / gl.convert_layout(l_i, O_ROW)[:, None]
+        o = _ws_finish(acc, gl.convert_layout(l_i, O_ROW))
         r = HALF * WS_ROWS + gl.arange(0, WS_ROWS, layout=O_ROW)
         io = ((bh * S + tile_start).to(gl.int64) + r[:, None]) * HEAD_D + \
             gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, O_LAYOUT))[None, :]
@@ -882,7 +944,7 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
                        HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
                        OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr, CONS: gl.constexpr,
                        Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr, CONS_REGS: gl.constexpr,
-                       LOADER_REGS: gl.constexpr, ROW_SUM_DOT: gl.constexpr):
+                       LOADER_REGS: gl.constexpr, ROW_SUM_DOT: gl.constexpr, DIAG: gl.constexpr = False):
     q_bufs = gl.allocate_shared_memory(gl.bfloat16, [Q_TILES * CONS, WS_ROWS, HEAD_D], WS_SMEM)
     k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
     v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
@@ -914,13 +976,13 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
         gl.warp_specialize([
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc2, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_TOP, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
                           S, BH, HQ, HKV, GROUP, HB, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
         ], [4, 4, 1], [CONS_REGS, CONS_REGS, LOADER_REGS])
@@ -928,10 +990,10 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
         gl.warp_specialize([
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
             (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT)),
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
                           S, BH, HQ, HKV, GROUP, HB, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
         ], [4, 1], [CONS_REGS, LOADER_REGS])
@@ -1250,7 +1312,7 @@ def _dec_fold_out(O, O32, M_WS, L_WS, ACC_WS, q_base, n_chunks, GROUP, N_CHUNKS,
         m_i, l_i, acc = _dec_fold4(m_i, l_i, acc, p0, qk_scale, ROW)
         if LOADS == 8:
             m_i, l_i, acc = _dec_fold4(m_i, l_i, acc, p1, qk_scale, ROW)
-    _dec_store_out(O, O32, q_base, acc / l_i[:, None], rows, cols, GROUP, HEAD_D, WRITE32)
+    _dec_store_out(O, O32, q_base, _ws_finish(acc, l_i), rows, cols, GROUP, HEAD_D, WRITE32)
 
 
 @gluon.jit
@@ -1291,7 +1353,7 @@ def _dec_consumer(Q, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, k_bufs, v_bufs, 
             if SPLIT != 0:  # `_merge` into the empty state, as the merge launch would
                 m_i, l_i, acc = _ws_merge(gl.full_like(m_i, float("-inf")), gl.zeros_like(l_i),
                                           gl.zeros_like(acc), m_i, l_i, acc, qk_scale, O_ROW)
-            _dec_store_out(O, O32, q_base, acc / gl.convert_layout(l_i, O_ROW)[:, None], o_rows, o_cols, GROUP,
+            _dec_store_out(O, O32, q_base, _ws_finish(acc, gl.convert_layout(l_i, O_ROW)), o_rows, o_cols, GROUP,
                            HEAD_D, WRITE32)
         else:
             ws = (q_base + s_rows).to(gl.int64) * N_CHUNKS + c
@@ -1567,12 +1629,16 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     band = _ws_band(_cdiv(S, cons * 64), B * HQ, HQ // HKV, min(tiles, sms)) if persistent else B * HQ
     persistent = (WS_BANDED.value if band < B * HQ else 1) if persistent else 0
     regs = _ws_regs(cons)
+    # FULL_WS_DIAG "half": the lower consumer's diagonal block on its first 64 keys (`_ws_diag_half`); its tile
+    # must be 128 rows over 128-key blocks, the schedule serial and the row sum the tree
+    diag = (KNOBS["FULL_WS_DIAG"] == "half" and cons == 2 and bn == 128 and KNOBS["ROW_SUM"] == "tree"
+            and KNOBS["FULL_WS_SCHEDULE"] == "serial")
     _fast(_ws_prefill_kernel)[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV, band,
         HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
         CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=regs[0], LOADER_REGS=regs[1],
-        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", num_warps=4, maxnreg=regs[2])
+        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", DIAG=diag, num_warps=4, maxnreg=regs[2])
     return True
 
 

@@ -237,6 +237,10 @@ _COMBOS.append({"BLOCK_N": 16, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_BLO
 _COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "tree", "DECODE_BLOCK_M": 16, "BLOCK_M": 64,
                 "DECODE_CHUNKS_PER_PROGRAM": 0, "DECODE_CHUNK_LOOP": "flatten", "DECODE_KV_LOADS": "tma"})
 _COMBOS.append({"BLOCK_N": 128, "SPLIT_TOKENS": 0, "ROW_SUM": "tree", "DECODE_BLOCK_M": 32, "BLOCK_M": 128})
+# One reciprocal per row (NORMALIZE): the Triton prefill, the chunked decode, its merge launch and the fused fold.
+_COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "ROW_SUM": "tree", "NORMALIZE": "reciprocal", "BLOCK_M": 64})
+_COMBOS.append({"BLOCK_N": 32, "SPLIT_TOKENS": 64, "NORMALIZE": "reciprocal", "BLOCK_M": 64,
+                "DECODE_MERGE_LAUNCH": "fused", "DECODE_MERGE_ROWS": 1, "DECODE_MERGE_LOADS": 8})
 
 
 @pytest.mark.parametrize("knobs", _COMBOS, ids=lambda k: f"BN{k['BLOCK_N']}-split{k['SPLIT_TOKENS']}-"
@@ -246,6 +250,22 @@ def test_sampled_knob_combos_stay_consistent(knobs):
     case = {"batch": 1, "q_heads": 4, "kv_heads": 1, "head_dim": 64, "prompt": 50, "answer": 16, "scale": 0.5}
     results = FAMILY.run_checks(load(with_knobs(FAMILY.root_source(), **knobs)), case, 2, "cpu")
     assert not failed(results), failed(results)
+
+
+def test_reciprocal_normalize_rounds_once_more_than_the_division():
+    # NORMALIZE is a contract knob: it must change the pre-cast fp32 outputs (else it is no choice at all), by no
+    # more than the one extra rounding of the reciprocal (a few fp32 ulps).
+    q, k, v = (torch.randn(1, h, 50, 64, generator=torch.Generator().manual_seed(3), dtype=torch.float32)
+               .to(torch.bfloat16) for h in (2, 1, 1))
+    outs = {}
+    for mode in ("divide", "reciprocal"):
+        mod = load(with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=64, BLOCK_M=64, NORMALIZE=mode))
+        out, out32 = torch.empty_like(q), torch.empty(q.shape, dtype=torch.float32)
+        mod.prefill(q, k, v, 0.125, out, out32)
+        outs[mode] = out32
+    diff = (outs["divide"] - outs["reciprocal"]).abs()
+    assert diff.max() > 0
+    assert (diff <= 4 * torch.finfo(torch.float32).eps * outs["divide"].abs()).all()
 
 
 _TREE_PROBE = """
@@ -732,6 +752,16 @@ def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
     # the tree needs no ones product: fewer wgmmas than the dot in both kernels
     for path in ("prefill_ws", "decode_ws"):
         assert reps["serial", "tree"][path]["HGMMA"] < reps["serial", "dot"][path]["HGMMA"], path
+    # FULL_WS_DIAG "half": the lower consumer's diagonal block as its own 64-key QK^T (8 k-steps over head dim 128)
+    # and PV (4 k-steps over 64 keys), beside the loop's; no spill with the loader's registers at 24 (as measured;
+    # at the default 40 the consumers spill 48 bytes)
+    knobs = {"BLOCK_N": 128, "ROW_SUM": "tree", "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
+             "FULL_NUM_STAGES": 2, "FULL_WS_DIAG": "half", "NORMALIZE": "reciprocal", "FULL_WS_LOADER_REGS": 24}
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
+                        "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ws = json.loads(r.stdout)["prefill_ws"]
+    assert ws["spill_store_bytes"] == 0 and ws["HGMMA"] == reps["serial", "tree"]["prefill_ws"]["HGMMA"] + 12, ws
 
 
 def test_gluon_decode_plan_never_starves_its_ring():
