@@ -53,6 +53,8 @@ def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: 
         info = subprocess.run([str(BIN / "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", cubin],
                               capture_output=True, text=True).stderr
         sass = subprocess.run([str(BIN / "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
+    if os.environ.get("SM90_SASS_DIR"):  # keep the SASS for reading (e.g. where a spill lands)
+        Path(os.environ["SM90_SASS_DIR"], f"{fn.__name__}.sass").write_text(sass)
     num = lambda pat: int(m.group(1)) if (m := re.search(pat, info)) else None  # noqa: E731
     code = "\n".join(re.findall(r"/\*[0-9a-f]{4,}\*/[^\n]*", sass))  # addresses grow past 4 hex digits
     return {"shared_bytes": k.metadata.shared, "registers": num(r"Used (\d+) registers"),

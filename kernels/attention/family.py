@@ -105,6 +105,10 @@ class AttentionFamily(Family):
              "Gluon prefill, 128-row tiles over 128-key blocks, serial schedule, tree row sum: half runs the lower "
              "64 rows' diagonal block on its first 64 keys only (the rest lie past those rows), the same bits for "
              "half that block's tensor and softmax work"),
+        Knob("FULL_WS_STORE", ("direct", "tma"), "full",
+             "Gluon prefill: each consumer stores its output rows from registers, or writes them into its "
+             "finished query slot and issues one TMA store (fewer instructions per tile; the slot returns to the "
+             "loader once the store has read it)"),
         Knob("FULL_WS_LOADER_REGS", ("auto", 24), "full",
              "Gluon prefill: registers a thread of the loader warp keeps (setmaxnreg); the consumers share the "
              "rest of the launch's budget. auto: 40 with two consumers (232 each), 32 with three (160 each); 24 "
@@ -193,7 +197,7 @@ class AttentionFamily(Family):
                             knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT", "FULL_IMPL",
                                    "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT",
                                    "FULL_WS_CONSUMERS", "FULL_WS_QUERY_TILES", "FULL_WS_LOADER_REGS",
-                                   "FULL_WS_BANDS", "FULL_WS_DIAG")),
+                                   "FULL_WS_BANDS", "FULL_WS_DIAG", "FULL_WS_STORE")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -64,6 +64,7 @@ KNOBS = {
     "FULL_WS_LOADER_REGS": "auto",
     "FULL_WS_BANDS": "off",
     "FULL_WS_DIAG": "full",
+    "FULL_WS_STORE": "direct",
     "DECODE_IMPL": "triton",
     "DECODE_WS_BUFFERS": 3,
     "DECODE_WS_SCHEDULE": "serial",
@@ -887,12 +888,14 @@ def _ws_rows(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, acc_smem, ones, g,
 
 
 @gluon.jit
-def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc_smem, ones, S, BH,
+def _ws_consumer(O, O32, o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc_smem, ones, S, BH,
                  HQ, HKV, GROUP, HB, qk_scale, HALF: gl.constexpr, HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr,
                  SPLIT: gl.constexpr, NUM_BUF: gl.constexpr, OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr,
                  WRITE32: gl.constexpr, CONS: gl.constexpr, Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr,
-                 ROW_SUM_DOT: gl.constexpr, DIAG: gl.constexpr):
-    """One warpgroup, per tile: query rows tile_start + HALF * 64 + [0, 64) over their causal keys, stored."""
+                 ROW_SUM_DOT: gl.constexpr, DIAG: gl.constexpr, STORE_TMA: gl.constexpr):
+    """One warpgroup, per tile: query rows tile_start + HALF * 64 + [0, 64) over their causal keys, stored (with
+    STORE_TMA through the tile's query slot, whose last reader, the last QK^T, is done: one TMA store, which
+    clips rows past the sequence end, and the slot goes back to the loader once the store has read it)."""
     O_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_D, 16])
     S_ROW: gl.constexpr = gl.SliceLayout(1, gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -910,7 +913,8 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
                                  acc_smem, ones, g, rows, n_blocks, tile_start // BLOCK_N, qk_scale, S_ROW,
                                  HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP, ACC_SMEM, ROW_SUM_DOT,
                                  DIAG and HALF == WS_LOWER)
-        mbarrier.arrive(q_empty.index(i % Q_TILES), count=1)  # every MMA reading this Q slot has completed
+        if not STORE_TMA:
+            mbarrier.arrive(q_empty.index(i % Q_TILES), count=1)  # every MMA reading this Q slot has completed
         g += n_blocks
         if ACC_SMEM and SPLIT != 0:
             acc = acc.load(O_LAYOUT)
@@ -919,7 +923,15 @@ def _ws_consumer(O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_re
         io = ((bh * S + tile_start).to(gl.int64) + r[:, None]) * HEAD_D + \
             gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, O_LAYOUT))[None, :]
         ok = (tile_start + r < S)[:, None]
-        gl.store(O + io, o.to(gl.bfloat16), mask=ok)
+        if STORE_TMA:
+            q_slot = q_bufs.index(CONS * (i % Q_TILES) + HALF)
+            q_slot.store(o.to(gl.bfloat16))
+            fence_async_shared()
+            gtma.async_copy_shared_to_global(o_desc, [bh, tile_start + HALF * WS_ROWS, 0], _ws_box(q_slot, o_desc))
+            gtma.store_wait(0)
+            mbarrier.arrive(q_empty.index(i % Q_TILES), count=1)
+        else:
+            gl.store(O + io, o.to(gl.bfloat16), mask=ok)
         if WRITE32:
             gl.store(O32 + io, o, mask=ok)
 
@@ -940,11 +952,12 @@ def _ws_ones(K: gl.constexpr, ROW_SUM_DOT: gl.constexpr, unused):
 
 
 @gluon.jit
-def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV, GROUP, HB,
+def _ws_prefill_kernel(q_desc, k_desc, v_desc, o_desc, O, O32, S, qk_scale, BH, HQ, HKV, GROUP, HB,
                        HEAD_D: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr, NUM_BUF: gl.constexpr,
                        OVERLAP: gl.constexpr, PERSISTENT: gl.constexpr, WRITE32: gl.constexpr, CONS: gl.constexpr,
                        Q_TILES: gl.constexpr, ACC_SMEM: gl.constexpr, CONS_REGS: gl.constexpr,
-                       LOADER_REGS: gl.constexpr, ROW_SUM_DOT: gl.constexpr, DIAG: gl.constexpr = False):
+                       LOADER_REGS: gl.constexpr, ROW_SUM_DOT: gl.constexpr, DIAG: gl.constexpr = False,
+                       STORE_TMA: gl.constexpr = False):
     q_bufs = gl.allocate_shared_memory(gl.bfloat16, [Q_TILES * CONS, WS_ROWS, HEAD_D], WS_SMEM)
     k_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
     v_bufs = gl.allocate_shared_memory(gl.bfloat16, [NUM_BUF, BLOCK_N, HEAD_D], WS_SMEM)
@@ -974,26 +987,31 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, O, O32, S, qk_scale, BH, HQ, HKV,
     # (written out per consumer: the JIT takes no tuples of functions or tuple concatenation)
     if CONS == 3:
         gl.warp_specialize([
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
+            (_ws_consumer, (O, O32, o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG,
+                            STORE_TMA)),
+            (_ws_consumer, (O, O32, o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc2, ones,
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG,
+                            STORE_TMA)),
+            (_ws_consumer, (O, O32, o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc2, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_TOP, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG,
+                            STORE_TMA)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
                           S, BH, HQ, HKV, GROUP, HB, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
         ], [4, 4, 1], [CONS_REGS, CONS_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
+            (_ws_consumer, (O, O32, o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc0, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_LOWER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
-            (_ws_consumer, (O, O32, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG,
+                            STORE_TMA)),
+            (_ws_consumer, (O, O32, o_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty, acc1, ones,
                             S, BH, HQ, HKV, GROUP, HB, qk_scale, WS_UPPER, HEAD_D, BLOCK_N, SPLIT, NUM_BUF, OVERLAP,
-                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG)),
+                            PERSISTENT, WRITE32, CONS, Q_TILES, ACC_SMEM, ROW_SUM_DOT, DIAG,
+                            STORE_TMA)),
             (_ws_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_empty, k_ready, v_ready, empty,
                           S, BH, HQ, HKV, GROUP, HB, BLOCK_N, NUM_BUF, PERSISTENT, CONS, Q_TILES)),
         ], [4, 1], [CONS_REGS, LOADER_REGS])
@@ -1618,7 +1636,8 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     HKV = k.shape[1]
     descs = (_Desc(q, (B * HQ, S, D), (S * D, D, 1), (1, 64, D)),
              _Desc(k, (B * HKV, S, D), (S * D, D, 1), (1, bn, D)),
-             _Desc(v, (B * HKV, S, D), (S * D, D, 1), (1, bn, D)))
+             _Desc(v, (B * HKV, S, D), (S * D, D, 1), (1, bn, D)),
+             _Desc(out, (B * HQ, S, D), (S * D, D, 1), (1, 64, D)))
     cons, q_tiles, acc_smem, slots = _ws_plan(bn, D, KNOBS["SPLIT_TOKENS"])
     tiles = _cdiv(S, cons * 64) * B * HQ
     sms = _sm_count(q.device)
@@ -1638,7 +1657,8 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
         HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
         CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=regs[0], LOADER_REGS=regs[1],
-        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", DIAG=diag, num_warps=4, maxnreg=regs[2])
+        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", DIAG=diag, STORE_TMA=KNOBS["FULL_WS_STORE"] == "tma", num_warps=4,
+        maxnreg=regs[2])
     return True
 
 
