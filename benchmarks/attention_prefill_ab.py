@@ -4,9 +4,10 @@
 
 Variants that differ by a few percent cannot be told apart by timing them one after another: the GPU's clock
 drifts between implementations by as much (H200 run 54: the same kernel read 0.81 and 0.89x cuDNN in one run).
-Here every implementation of a cell is captured once as a CUDA graph (the bench's plan: calls cycling over input
-sets that do not fit L2) and the graphs are replayed in rounds, each round in a rotated order; the figure is the
-median over rounds of each round's per-call time. Bits are not checked here (run the bench's gate first); the
+Here, as in the bench's graph timing (`interleaved_graph_fields`), every implementation of a cell is captured
+once as a CUDA graph (calls cycling over input sets that do not fit L2) and the graphs are replayed in rounds,
+each round in a rotated order; the figure is the median over rounds of each round's per-call time. This script
+skips the bench's checks and event timings and takes more rounds. Bits are not checked here (run the bench's gate first); the
 JSON records whether each variant's output equals the first variant's on the cell's first input set.
 """
 
@@ -26,31 +27,19 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from kernels.attention.bench import HKV, HQ, D, graph_plan, grid_cells, load_variant, prefill_sets  # noqa: E402
-from tik_evo.timing import _capture  # noqa: E402
+from kernels.attention.bench import HKV, HQ, D, grid_cells, interleaved_graph_fields, load_variant, prefill_sets  # noqa: E402
 
 
-def _graph(fn, sets, calls: int):
-    """Warm up on a side stream (as capture requires), then capture `calls` calls cycling over the sets."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            fn(i % len(sets))
-    torch.cuda.current_stream().wait_stream(s)
+def _call_ms(fn) -> float:
+    """Wall time of one call after warm-up (to size the graph plan only)."""
+    for _ in range(2):
+        fn()
     torch.cuda.synchronize()
-    it = iter(range(10**9))
-    return _capture(lambda: fn(next(it) % len(sets)), calls)
-
-
-def _replay_ms(graph, replays: int, calls: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / (replays * calls)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    return max((time.perf_counter() - t0) / 3 * 1e3, 1e-3)
 
 
 def run_cell(phase: str, B: int, S: int, modules: dict, rounds: int) -> dict:
@@ -71,25 +60,15 @@ def run_cell(phase: str, B: int, S: int, modules: dict, rounds: int) -> dict:
         mod.prefill(*sets[0], scale, out)
         outputs[name] = out.clone()
         impls[name] = lambda i, mod=mod: mod.prefill(*sets[i], scale, out)
-    # the plan from one call's time (cuDNN's): the same calls and replays for every implementation
-    cudnn(0)  # (its first call on a shape builds cuDNN's plan)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    cudnn(0)
-    torch.cuda.synchronize()
-    plan = graph_plan(max((time.perf_counter() - t0) * 1e3, 1e-3), len(sets))
-    graphs = {n: _graph(fn, sets, plan["calls"]) for n, fn in impls.items()}
-    names = list(graphs)
-    times = {n: [] for n in names}
-    replays = max(2, plan["replays"] // 3)
-    for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        for n in order:
-            times[n].append(_replay_ms(graphs[n], replays, plan["calls"]))
-    med = {n: statistics.median(v) for n, v in times.items()}
+    rows = {n: {"impl": n} for n in impls}
+    interleaved_graph_fields([(rows[n], fn, len(sets), _call_ms(lambda fn=fn: fn(0))) for n, fn in impls.items()],
+                             rounds=rounds)
+    bad = {n: r["graph_error"] for n, r in rows.items() if "graph_error" in r}
+    if bad:
+        raise RuntimeError(f"{phase} B{B} S{S}: not captured: {bad}")
+    med = {n: r["graph_ms"] for n, r in rows.items()}
     first = next(iter(outputs.values()))
-    return {"phase": phase, "cell": f"{phase} B{B} S{S}", "plan": {**plan, "replays_per_round": replays},
-            "median_ms": med, "rounds_ms": times,
+    return {"phase": phase, "cell": f"{phase} B{B} S{S}", "graph": rows, "median_ms": med,
             "cudnn_over": {n: med["sdpa_cudnn"] / med[n] for n in modules},
             "same_bits_as_first": {n: bool(torch.equal(o, first)) for n, o in outputs.items()}}
 

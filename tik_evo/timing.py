@@ -68,6 +68,14 @@ def graph_replay_us(fn, calls: int = 20, replays: int = 30, warmup: int = 3) -> 
     captured ``calls`` calls of ``fn`` (zero-arg; it may cycle through input sets), after ``warmup`` warm-up calls
     on a side stream (as capture requires) and ``warmup`` warm-up replays. Ours and the peers are timed by this one
     function. Fewer calls, replays and warm-ups bound the time spent on long launches (tens of ms each)."""
+    graph = capture_graph(fn, calls, warmup)
+    times = [replay_us(graph, 1, calls) for _ in range(replays)]
+    return sorted(times)[len(times) // 2]
+
+
+def capture_graph(fn, calls: int, warmup: int = 3):
+    """A CUDA graph of ``calls`` calls of ``fn`` (zero-arg), after ``warmup`` calls on a side stream (as capture
+    requires) and followed by ``warmup`` replays."""
     import torch
 
     s = torch.cuda.Stream()
@@ -81,15 +89,20 @@ def graph_replay_us(fn, calls: int = 20, replays: int = 30, warmup: int = 3) -> 
     for _ in range(warmup):
         graph.replay()
     torch.cuda.synchronize()
-    times = []
+    return graph
+
+
+def replay_us(graph, replays: int, calls: int) -> float:
+    """Microseconds per captured call over ``replays`` back-to-back replays of ``graph`` (CUDA events)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
         graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls)
 
 
 def _capture(fn, calls: int):

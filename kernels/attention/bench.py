@@ -2,8 +2,8 @@
 
 Run on a GPU. For every variant: every consistency case of the family at level "full" (bitwise, bf16 and
 pre-cast fp32), then prefill / train_forward timed against SDPA's cuDNN and flash backends (CUDA events, `ms`,
-and CUDA-graph replays, `graph_ms`) and decode timed as CUDA-graph replays against default SDPA, on the same
-inputs. Decode and the short prefill cells (at most EAGER_MAX_MS by events) also get `eager_us`: the wall time per
+one implementation after another; and CUDA-graph replays, `graph_ms`, a cell's graphs replayed in rounds of
+rotating order) and decode timed as CUDA-graph replays against default SDPA, on the same inputs. Decode and the short prefill cells (at most EAGER_MAX_MS by events) also get `eager_us`: the wall time per
 call of calls made back to back, what a caller without CUDA graphs sees (the larger of host and GPU time). Also
 measures the copy-bandwidth and bf16 matmul ceilings. Writes one JSON file and prints a table last. Needs torch,
 triton and numpy only.
@@ -18,6 +18,7 @@ import importlib.util
 import json
 import math
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +31,7 @@ import torch
 from kernels.attention.family import AttentionFamily
 from tik_evo import checks
 from tik_evo.knobs import read_knobs, write_knobs
-from tik_evo.timing import graph_replay_us
+from tik_evo.timing import capture_graph, graph_replay_us, replay_us
 
 FAMILY = AttentionFamily()
 
@@ -168,15 +169,34 @@ def graph_plan(ms: float, n_sets: int = 1) -> dict[str, int]:
     return {"calls": calls, "replays": replays, "warmup": 3 if calls * ms < 10 else 1}
 
 
-def graph_fields(fn: Callable[[int], None], n_sets: int, ms: float) -> dict[str, Any]:
-    """A row's graph figures: ``graph_ms`` (median per call over graph replays) and the plan, or ``graph_error``
-    when the implementation cannot be captured (a backend that syncs, say); the event figure stands either way."""
-    plan = graph_plan(ms, n_sets)
-    try:
-        us = graph_time_us(fn, n_sets, **plan)
-    except Exception as e:  # noqa: BLE001 - an uncapturable implementation is a result, not a crash
-        return {"graph_error": repr(e)[:300]}
-    return {"graph_ms": us / 1e3, "graph_calls": plan["calls"], "graph_replays": plan["replays"]}
+GRAPH_ROUNDS = 5  # prefill: a cell's graphs replayed in this many rounds, the order rotating each round
+
+
+def interleaved_graph_fields(jobs: list[tuple[dict, Callable[[int], None], int, float]],
+                             rounds: int = GRAPH_ROUNDS) -> None:
+    """Graph figures of one cell's implementations, jobs (row, fn, input sets, event ms): each captured once with
+    its `graph_plan`, then all replayed in `rounds` rounds, each round in a rotated order and with 1/rounds of the
+    plan's replays; ``graph_ms`` is the median of the rounds' per-call times. Implementations timed one after
+    another drift with the GPU's clock by as much as they differ (the same kernel read 0.81 and 0.89x cuDNN in one
+    H200 run); rounds spread that drift over all of them. A job that cannot be captured (a backend that syncs,
+    say) gets ``graph_error`` instead; the event figure stands either way."""
+    graphs = {}
+    for i, (row, fn, n_sets, ms) in enumerate(jobs):
+        plan = graph_plan(ms, n_sets)
+        try:
+            graphs[i] = (capture_graph(checks.rotate(fn, list(range(n_sets))), plan["calls"], plan["warmup"]), plan)
+        except Exception as e:  # noqa: BLE001 - an uncapturable implementation is a result, not a crash
+            row["graph_error"] = repr(e)[:300]
+    order = list(graphs)
+    times: dict[int, list[float]] = {i: [] for i in order}
+    for r in range(rounds if order else 0):
+        for i in order[r % len(order):] + order[:r % len(order)]:
+            graph, plan = graphs[i]
+            times[i].append(replay_us(graph, max(1, plan["replays"] // rounds), plan["calls"]))
+    for i, (_graph, plan) in graphs.items():
+        jobs[i][0].update({"graph_ms": statistics.median(times[i]) / 1e3, "graph_calls": plan["calls"],
+                           "graph_replays": max(1, plan["replays"] // rounds) * rounds, "graph_rounds": rounds,
+                           "graph_round_ms": [t / 1e3 for t in times[i]]})
 
 
 def n_prefill_sets(B: int, S: int) -> int:
@@ -214,8 +234,9 @@ def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list
     flops = 4 * B * HQ * D * S * (S + 1) / 2
     base = {"phase": phase, "cell": f"{phase} B{B} S{S}"}
     ref = None
+    jobs: list[tuple[dict, Callable[[int], None], int, float]] = []  # graph timing, interleaved at the end
     for backend in ("cudnn", "flash"):  # the last that runs is the reference of rel_l2_vs_sdpa
-        peer_out = _time_peer(backend, sets, scale, flops, base, rows)
+        peer_out = _time_peer(backend, sets, scale, flops, base, rows, jobs)
         ref = ref if peer_out is None else peer_out
     for name, mod in modules.items():
         row = {**base, "impl": name}
@@ -233,7 +254,8 @@ def time_prefill(modules: dict[str, Any], phase: str, B: int, S: int, rows: list
         except Exception as e:  # noqa: BLE001
             row["error"] = repr(e)[:300]
             continue
-        row.update(graph_fields(lambda i, mod=mod: mod.prefill(*sets[i], scale, out), len(sets), ms))
+        jobs.append((row, lambda i, mod=mod: mod.prefill(*sets[i], scale, out), len(sets), ms))
+    interleaved_graph_fields(jobs)
 
 
 EAGER_CALLS = 200
@@ -259,9 +281,9 @@ def _event_ms(fn: Callable[[], Any]) -> float:
 
 
 def _time_peer(backend: str, sets: list[tuple[torch.Tensor, ...]], scale: float, flops: float,
-               base: dict[str, Any], rows: list[dict]) -> torch.Tensor | None:
-    """Time one SDPA backend on set 0 by events, then over the sets by graph replays; append its row and return
-    its output (None if the backend failed)."""
+               base: dict[str, Any], rows: list[dict], jobs: list) -> torch.Tensor | None:
+    """Time one SDPA backend on set 0 by events, append its row and its graph job (`interleaved_graph_fields`) and
+    return its output (None if the backend failed)."""
     F = torch.nn.functional
     row = {**base, "impl": f"sdpa_{backend}"}
     rows.append(row)
@@ -282,7 +304,11 @@ def _time_peer(backend: str, sets: list[tuple[torch.Tensor, ...]], scale: float,
             row.update({"ms": ms, "TFLOPs": flops / ms / 1e9, "gqa_expanded": peer_sets is not sets})
             if ms <= EAGER_MAX_MS:
                 row["eager_us"] = eager_us(functools.partial(call, 0))
-            row.update(graph_fields(call, len(peer_sets), ms))
+
+        def in_backend(i: int) -> None:  # the backend is chosen per call, so the capture needs it too
+            with _sdpa(backend):
+                call(i)
+        jobs.append((row, in_backend, len(peer_sets), ms))
         return ref
     except Exception as e:  # noqa: BLE001 - a missing backend is a result, not a crash
         row["error"] = repr(e)[:300]

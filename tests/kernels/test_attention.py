@@ -547,19 +547,56 @@ def test_bench_graph_plan_bounds_replays_of_long_cells():
     assert bench.n_prefill_sets(1, 1024) == 8 and bench.n_prefill_sets(16, 16384) == 1
 
 
-def test_bench_graph_fields_keep_going_when_capture_fails(monkeypatch):
+def test_bench_interleaves_a_cells_graph_replays_and_keeps_going_when_capture_fails(monkeypatch):
+    # Each implementation is captured once with its own plan; the replays run in rounds whose order rotates, and
+    # graph_ms is the median over rounds (so a clock drift during the cell does not favour whoever ran last).
     from kernels.attention import bench
 
-    def fails(fn, n_sets, **plan):
-        raise RuntimeError("operation not permitted when stream is capturing")
+    order, seqs = [], {"a": iter([5.0, 1.0, 3.0, 2.0, 4.0]), "c": iter([10.0] * 5)}
 
-    monkeypatch.setattr(bench, "graph_time_us", fails)
-    assert bench.graph_fields(lambda i: None, 1, 2.0) == {
-        "graph_error": "RuntimeError('operation not permitted when stream is capturing')"}
-    seen = {}
-    monkeypatch.setattr(bench, "graph_time_us", lambda fn, n_sets, **plan: seen.update(plan, n_sets=n_sets) or 250.0)
-    assert bench.graph_fields(lambda i: None, 3, 0.3) == {"graph_ms": 0.25, "graph_calls": 7, "graph_replays": 24}
-    assert seen == {**bench.graph_plan(0.3, 3), "n_sets": 3}
+    def capture(fn, calls, warmup):
+        for _ in range(calls):
+            fn()
+        return fn.name
+
+    def replay(graph, replays, calls):
+        order.append(graph)
+        return next(seqs[graph])
+
+    def job(name, fails=False):
+        def fn(i):
+            if fails:
+                raise RuntimeError("operation not permitted when stream is capturing")
+        return fn
+
+    class Named:  # checks.rotate's result, named for the stubs
+        def __init__(self, fn, n):
+            self.fn, self.n, self.i, self.name = fn, n, 0, None
+
+        def __call__(self):
+            self.fn(self.i % self.n)
+            self.i += 1
+
+    def rotate(fn, idx):
+        r = Named(fn, len(idx))
+        r.name = names[id(fn)]
+        return r
+
+    fns = {"a": job("a"), "b": job("b", fails=True), "c": job("c")}
+    names = {id(f): n for n, f in fns.items()}
+    monkeypatch.setattr(bench, "capture_graph", capture)
+    monkeypatch.setattr(bench, "replay_us", replay)
+    monkeypatch.setattr(bench.checks, "rotate", rotate)
+    rows = {n: {"impl": n} for n in fns}
+    bench.interleaved_graph_fields([(rows["a"], fns["a"], 3, 0.3), (rows["b"], fns["b"], 1, 0.3),
+                                    (rows["c"], fns["c"], 1, 2.0)], rounds=5)
+    plan = bench.graph_plan(0.3, 3)
+    assert rows["a"] == {"impl": "a", "graph_ms": 0.003, "graph_calls": plan["calls"],
+                         "graph_replays": max(1, plan["replays"] // 5) * 5, "graph_rounds": 5,
+                         "graph_round_ms": [0.005, 0.001, 0.003, 0.002, 0.004]}
+    assert rows["c"]["graph_ms"] == 0.01 and rows["c"]["graph_calls"] == bench.graph_plan(2.0, 1)["calls"]
+    assert "graph_ms" not in rows["b"] and "capturing" in rows["b"]["graph_error"]
+    assert order == ["a", "c", "c", "a", "a", "c", "c", "a", "a", "c"]
 
 
 def test_bench_time_prefill_adds_graph_times_beside_event_ones(monkeypatch):
@@ -584,19 +621,20 @@ def test_bench_time_prefill_adds_graph_times_beside_event_ones(monkeypatch):
         state["inputs"].add(id(q))
         out.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True))
 
-    def graph_time_us(fn, n_sets, **plan):  # the replays: every set in turn, the last one's output left behind
+    def capture_graph(fn, calls, warmup):  # the capture: the sets in turn, the last one's output left behind
         state["capturing"] = True
         try:
-            for i in range(n_sets):
-                fn(i)
+            for _ in range(calls):
+                fn()
         finally:
             state["capturing"] = False
-        return 100.0 * n_sets
+        return "graph"
 
     monkeypatch.setattr(bench, "prefill_sets", lambda B, S: sets)
     monkeypatch.setattr(bench, "_sdpa", lambda backend: contextlib.nullcontext())
     monkeypatch.setattr(bench, "_event_ms", lambda fn: (fn(), 0.5)[1])
-    monkeypatch.setattr(bench, "graph_time_us", graph_time_us)
+    monkeypatch.setattr(bench, "capture_graph", capture_graph)
+    monkeypatch.setattr(bench, "replay_us", lambda graph, replays, calls: 300.0)
     eager_calls = []
     monkeypatch.setattr(bench, "eager_us", lambda fn: (eager_calls.append(fn()), 42.0)[1])
     modules = {"ours": SimpleNamespace(prefill=sdpa),
@@ -611,7 +649,7 @@ def test_bench_time_prefill_adds_graph_times_beside_event_ones(monkeypatch):
         assert by[name]["graph_calls"] == calls and "graph_error" not in by[name]
     assert by["sdpa_cudnn"]["gqa_expanded"] is False
     assert by["syncs"]["ms"] == 0.5 and "graph_ms" not in by["syncs"] and "syncs" in by["syncs"]["graph_error"]
-    # The error and the kept output are set 0's, though the replays left set 2's output in the shared `out`.
+    # The error and the kept output are set 0's, though the graph capture left another set's output in `out`.
     assert by["ours"]["rel_l2_vs_sdpa"] == 0.0 and by["syncs"]["rel_l2_vs_sdpa"] == 0.0
     q, k, v = sets[0]
     assert torch.equal(keep["ours"], F.scaled_dot_product_attention(q, k, v, is_causal=True,
