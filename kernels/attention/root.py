@@ -763,10 +763,11 @@ def _ws_close_chunk(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale, O_ROW: gl.constexp
 def _ws_diag_half(q_smem, k_bufs, v_bufs, k_ready, v_ready, empty, u, j, rows, c_m, c_l, c_acc, qk_scale,
                   ROWS_LAYOUT: gl.constexpr, HEAD_D: gl.constexpr, NUM_BUF: gl.constexpr):
     """Block j (ring index u), a tile's diagonal 128-key block, for the tile's lower 64 rows: its upper 64 keys lie
-    past all of them, so only the K/V slot's first 64 rows enter. Each score is its own dot over the head dim, the
-    masked keys add -inf to the max, zeros at the tree row sum's c6 level (after c0, c3 .. c5: the 64-key tree is
-    the 128-key one's lower subtree) and k-steps of zero probabilities to the PV, so the bits are the whole block's
-    (checked on the H200 by the family's gate) for half its tensor and softmax work. Returns (m, l, chunk acc)."""
+    past all of them, so only the K/V slot's first 64 rows enter. Each score is its own dot over the head dim; the
+    left-out keys would add -inf to the max, zero partials at the tree row sum's column-bit-6 level (after bits 0
+    and 3-5, before 1 and 2: the 64-key tree is the 128-key one without those x + 0 adds) and k-steps of zero
+    probabilities to the PV. So the bits are the whole block's (checked on the H200 by the family's gate) for half
+    its tensor and softmax work. Returns (m, l, chunk acc)."""
     KH: gl.constexpr = WS_ROWS  # keys kept
     S_LAYOUT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, KH, 16])
