@@ -102,7 +102,8 @@ while [ $# -gt 0 ]; do
           ${WS_ARGS:-} --out "$OUT/attention_ws.json" 2>&1 | tail -60
       fi ;;
     model)
-      timeout 150 python3 benchmarks/model_consistency_gpu.py --out "$OUT/model_consistency.json" 2>&1 | tail -15 ;;
+      timeout 150 python3 benchmarks/model_consistency_gpu.py ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
+        --out "$OUT/model_consistency${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" 2>&1 | tail -15 ;;
     rowwise_sweep)
       timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
         --out "$OUT" 2>&1 | tail -30 ;;

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import triton
 
-from kernels.decoder import Shape, TinyDecoder
+from kernels.decoder import Shape, TinyDecoder, roots, with_sets
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,13 +25,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--prompt", type=int, default=500)
     ap.add_argument("--answer", type=int, default=64)
+    ap.add_argument("--attention-set", default="",
+                    help="attention as this named set (kernels/attention/bench.py) instead of its root; needs the "
+                         "engine's packages (omegaconf)")
     args = ap.parse_args(argv)
+    impls = with_sets({"attention": args.attention_set}, "--attention-set") if args.attention_set else roots()
     shape = Shape(vocab=32768, hidden=2048, q_heads=16, kv_heads=4, head_dim=128, intermediate=4096,
                   max_pos=args.prompt + args.answer + 1)
     rows = []
     for seed in range(args.seeds):
         for temperature in (1.0, 0.7):
-            m = TinyDecoder(shape, seed, "cuda", temperature=temperature)
+            m = TinyDecoder(shape, seed, "cuda", impls=impls, temperature=temperature)
             g = torch.Generator().manual_seed(100 + seed)
             toks = torch.randint(0, shape.vocab, (args.prompt + args.answer,), generator=g).to("cuda", torch.int32)
             train = m.training_logprobs(toks, args.prompt)
@@ -43,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             print(rows[-1], flush=True)
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-              "shape": shape.__dict__, "prompt": args.prompt, "runs": rows,
+              "shape": shape.__dict__, "prompt": args.prompt, "attention_set": args.attention_set or "root",
+              "attention_knobs": getattr(impls["attention"], "KNOBS", {}), "runs": rows,
               "all_bit_exact": all(r["mismatching_logprobs"] == 0 for r in rows)}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print("all bit-exact:", result["all_bit_exact"])

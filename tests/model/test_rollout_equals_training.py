@@ -4,6 +4,7 @@ fp64 reference. Under the interpreter this checks the composition's structure; G
 
 import math
 
+import pytest
 import torch
 
 from kernels.decoder import EPS, Shape, TinyDecoder, roots
@@ -86,3 +87,23 @@ def test_one_mismatched_family_breaks_the_equality():
     train, rollout = m.training_logprobs(toks, PROMPT), m.rollout_logprobs(toks, PROMPT)
     assert not torch.equal(train.view(torch.int32), rollout.view(torch.int32))
     assert torch.allclose(train, rollout, atol=1e-4)  # close, but not the same bits
+
+
+def test_a_family_runs_as_a_named_set_and_bad_names_are_refused():
+    # The decoder can run a family as one of its measured knob sets (the GPU script's --attention-set), here
+    # attention's 128-key-block set with the tree row sum and the reciprocal normalisation on the CPU's Triton
+    # path: rollout still equals training bit for bit.
+    from kernels.decoder import with_sets
+    from tik_evo.config import ConfigError
+
+    impls = with_sets({"attention": "hopper_bn128_tma_s512"})
+    assert impls["attention"].KNOBS["NORMALIZE"] == "reciprocal" and impls["attention"].KNOBS["BLOCK_N"] == 128
+    assert impls["rmsnorm"] is roots()["rmsnorm"]
+    m = TinyDecoder(Shape(), 2, "cpu", impls=impls)
+    toks = tokens(12)
+    assert torch.equal(m.training_logprobs(toks, PROMPT).view(torch.int32),
+                       m.rollout_logprobs(toks, PROMPT).view(torch.int32))
+    with pytest.raises(ConfigError, match="hopper_nope"):
+        with_sets({"attention": "hopper_nope"})
+    with pytest.raises(ValueError, match="'softmax' is not a family of the decoder"):
+        with_sets({"softmax": "x"})
