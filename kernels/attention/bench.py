@@ -3,10 +3,11 @@
 Run on a GPU. For every variant: every consistency case of the family at level "full" (bitwise, bf16 and
 pre-cast fp32), then prefill / train_forward timed against SDPA's cuDNN and flash backends (CUDA events, `ms`,
 one implementation after another; and CUDA-graph replays, `graph_ms`, a cell's graphs replayed in rounds of
-rotating order) and decode timed as CUDA-graph replays against default SDPA, on the same inputs. Decode and the short prefill cells (at most EAGER_MAX_MS by events) also get `eager_us`: the wall time per
-call of calls made back to back, what a caller without CUDA graphs sees (the larger of host and GPU time). Also
-measures the copy-bandwidth and bf16 matmul ceilings. Writes one JSON file and prints a table last. Needs torch,
-triton and numpy only.
+rotating order) and decode timed as CUDA-graph replays against default SDPA, on the same inputs. Decode and the
+short prefill cells (at most EAGER_MAX_MS by events) also get `eager_us`: the wall time per call of calls made
+back to back, what a caller without CUDA graphs sees (the larger of host and GPU time). Also measures the
+copy-bandwidth and bf16 matmul ceilings. Writes one JSON file and prints a table last. Needs torch, triton and
+numpy only.
 """
 
 from __future__ import annotations
