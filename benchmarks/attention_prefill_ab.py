@@ -7,8 +7,9 @@ drifts between implementations by as much (H200 run 54: the same kernel read 0.8
 Here, as in the bench's graph timing (`interleaved_graph_fields`), every implementation of a cell is captured
 once as a CUDA graph (calls cycling over input sets that do not fit L2) and the graphs are replayed in rounds,
 each round in a rotated order; the figure is the median over rounds of each round's per-call time. This script
-skips the bench's checks and event timings and takes more rounds. Bits are not checked here (run the bench's gate first); the
-JSON records whether each variant's output equals the first variant's on the cell's first input set.
+skips the bench's checks and event timings and takes more rounds. Bits are not checked here (run the bench's
+gate first); the JSON records whether each variant's output equals the first variant's on the cell's first
+input set.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from kernels.attention.bench import HKV, HQ, D, grid_cells, interleaved_graph_fields, load_variant, prefill_sets  # noqa: E402
+from kernels.attention import bench  # noqa: E402
 
 
 def _call_ms(fn) -> float:
@@ -46,8 +47,8 @@ def run_cell(phase: str, B: int, S: int, modules: dict, rounds: int) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     F = torch.nn.functional
-    sets = prefill_sets(B, S)
-    scale = 1 / math.sqrt(D)
+    sets = bench.prefill_sets(B, S)
+    scale = 1 / math.sqrt(bench.D)
     out = torch.empty_like(sets[0][0])
 
     def cudnn(i: int) -> None:
@@ -61,8 +62,8 @@ def run_cell(phase: str, B: int, S: int, modules: dict, rounds: int) -> dict:
         outputs[name] = out.clone()
         impls[name] = lambda i, mod=mod: mod.prefill(*sets[i], scale, out)
     rows = {n: {"impl": n} for n in impls}
-    interleaved_graph_fields([(rows[n], fn, len(sets), _call_ms(lambda fn=fn: fn(0))) for n, fn in impls.items()],
-                             rounds=rounds)
+    bench.interleaved_graph_fields(
+        [(rows[n], fn, len(sets), _call_ms(lambda fn=fn: fn(0))) for n, fn in impls.items()], rounds=rounds)
     bad = {n: r["graph_error"] for n, r in rows.items() if "graph_error" in r}
     if bad:
         raise RuntimeError(f"{phase} B{B} S{S}: not captured: {bad}")
@@ -84,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.time()
     variants = json.loads(Path(args.variants_json).read_text())
     folder = Path(tempfile.mkdtemp(prefix="attention_ab_"))
-    modules = {n: load_variant(n, knobs, folder)[0] for n, knobs in variants.items()}
-    _, cells = grid_cells()
+    modules = {n: bench.load_variant(n, knobs, folder)[0] for n, knobs in variants.items()}
+    _, cells = bench.grid_cells()
     cells = [c for c in cells if re.search(args.cells, f"{c[0]} B{c[1]} S{c[2]}")]
     rows, skipped = [], []
     for phase, B, S in cells:
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"geomean cuDNN/ours {phase:14s}", " ".join(f"{n}={summary[phase][n]:.3f}" for n in modules))
     Path(args.out).write_text(json.dumps({
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-        "triton": __import__("triton").__version__, "shape": {"q_heads": HQ, "kv_heads": HKV, "head_dim": D},
+        "triton": __import__("triton").__version__,
+        "shape": {"q_heads": bench.HQ, "kv_heads": bench.HKV, "head_dim": bench.D},
         "variants": variants, "rounds": args.rounds, "geomean_cudnn_over": summary, "cells": rows,
         "skipped": skipped, "seconds": time.time() - t_start}, indent=1))
     return 0
