@@ -1622,6 +1622,12 @@ def _ws_band(n_m: int, bh: int, group: int, programs: int) -> int:
     return next(h for h in range(group, bh + 1, group) if bh % h == 0 and (n_m * h >= rounds * programs or h == bh))
 
 
+def _tma_ready(*tensors: torch.Tensor) -> bool:
+    """Whether TMA descriptors can address these tensors as the Gluon kernels build them: contiguous, 16-byte
+    aligned (the prefill's output too: FULL_WS_STORE stores it by TMA)."""
+    return all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in tensors)
+
+
 def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     """Run the warp-specialised prefill if it covers this launch (a Hopper GPU, 32- to 128-key blocks (64 or 128 for
     the tree row sum), head dim 64 or 128, contiguous aligned tensors) and return True; else False and the caller
@@ -1630,7 +1636,7 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     bn = KNOBS["BLOCK_N"]
     if not (q.is_cuda and _device(q.device)[1] == 9 and D in (64, 128)
             and 128 % bn == 0 and (bn >= 64 or KNOBS["ROW_SUM"] != "tree")
-            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k, v))):
+            and _tma_ready(q, k, v, out)):
         return False
     # Rank 3 ([heads, seq, dim]): a box reaching past the sequence end reads zeros, never the next head's rows.
     # (Built from the contiguous tensors directly and with one shared layout object: this runs on every call.)
@@ -1829,7 +1835,7 @@ def _dec_covers(q, k_cache, v_cache) -> bool:
     bn, row_sum = KNOBS["BLOCK_N"], KNOBS["ROW_SUM"]
     return (q.is_cuda and _device(q.device)[1] == 9 and q.shape[3] in (64, 128) and KNOBS["DECODE_PACK_GQA"]
             and group <= 64 and bn == 128 and row_sum in ("dot", "tree")
-            and all(t.is_contiguous() and t.data_ptr() % 16 == 0 for t in (q, k_cache, v_cache)))
+            and _tma_ready(q, k_cache, v_cache))
 
 
 def _dec_launch(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, grid, n_chunks, qk_scale,

@@ -926,6 +926,18 @@ def test_gluon_prefill_falls_back_to_triton_where_it_does_not_apply():
         assert torch.equal(got.view(torch.int16), want.view(torch.int16)), impl
 
 
+def test_gluon_kernels_need_contiguous_aligned_tensors_the_output_included():
+    # The Gluon prefill addresses q, k, v and (FULL_WS_STORE "tma") its output through TMA descriptors: a
+    # misaligned or strided output sends the launch to the Triton kernel instead of faulting.
+    mod = load(FAMILY.root_source())
+    buf = torch.empty(2 * 4 * 128 * 64 + 8, dtype=torch.bfloat16)
+    aligned = buf[:4 * 128 * 64].view(1, 4, 128, 64)
+    shifted = buf[1:1 + 4 * 128 * 64].view(1, 4, 128, 64)  # 2 bytes past a 16-byte boundary
+    strided = torch.empty((1, 128, 4, 64), dtype=torch.bfloat16).transpose(1, 2)
+    assert mod._tma_ready(aligned, aligned)
+    assert not mod._tma_ready(aligned, shifted) and not mod._tma_ready(strided)
+
+
 class _FakeKernel:
     """A compiled kernel as the fast launch sees it: a launcher, a function handle, packed metadata."""
     function, packed_metadata = "function", "metadata"
