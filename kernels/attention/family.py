@@ -109,6 +109,11 @@ class AttentionFamily(Family):
              "Gluon prefill: each consumer stores its output rows from registers, or writes them into its "
              "finished query slot and issues one TMA store (fewer instructions per tile; the slot returns to the "
              "loader once the store has read it)"),
+        Knob("FULL_WS_ACC", ("auto", "shared"), "full",
+             "Gluon prefill: where the merged split-KV accumulator waits between chunk folds. auto: registers with "
+             "two consumers, shared memory with three; shared: shared memory with two as well (64 registers a "
+             "thread fewer, room the overlapped schedule needs; at head dim 128 and 128-key blocks it fits beside "
+             "one query tile and two K/V slots)"),
         Knob("FULL_WS_LOADER_REGS", ("auto", 24), "full",
              "Gluon prefill: registers a thread of the loader warp keeps (setmaxnreg); the consumers share the "
              "rest of the launch's budget. auto: 40 with two consumers (232 each), 32 with three (160 each); 24 "
@@ -197,7 +202,7 @@ class AttentionFamily(Family):
                             knobs=("FULL_KV_LOADS", "FULL_SPLIT_LOOP", "FULL_PERSISTENT", "FULL_IMPL",
                                    "FULL_WS_SCHEDULE", "FULL_WS_BUFFERS", "FULL_WS_PERSISTENT",
                                    "FULL_WS_CONSUMERS", "FULL_WS_QUERY_TILES", "FULL_WS_LOADER_REGS",
-                                   "FULL_WS_BANDS", "FULL_WS_DIAG", "FULL_WS_STORE")),
+                                   "FULL_WS_BANDS", "FULL_WS_DIAG", "FULL_WS_STORE", "FULL_WS_ACC")),
             OpportunitySpec("decode_launch", "Hide decode's second launch: start the merge kernel early with "
                             "programmatic dependent launch (it waits on the chunk grid in-kernel), or load whole "
                             "K/V blocks through TMA descriptors", paths=("decode",),

@@ -65,6 +65,7 @@ KNOBS = {
     "FULL_WS_BANDS": "off",
     "FULL_WS_DIAG": "full",
     "FULL_WS_STORE": "direct",
+    "FULL_WS_ACC": "auto",
     "DECODE_IMPL": "triton",
     "DECODE_WS_BUFFERS": 3,
     "DECODE_WS_SCHEDULE": "serial",
@@ -967,7 +968,10 @@ def _ws_prefill_kernel(q_desc, k_desc, v_desc, o_desc, O, O32, S, qk_scale, BH, 
         acc_layout: gl.constexpr = gl.PaddedSharedLayout.with_identity_for([[HEAD_D, 4]], [WS_ROWS, HEAD_D], [1, 0])
         acc0 = gl.allocate_shared_memory(gl.float32, [WS_ROWS, HEAD_D], acc_layout)
         acc1 = gl.allocate_shared_memory(gl.float32, [WS_ROWS, HEAD_D], acc_layout)
-        acc2 = gl.allocate_shared_memory(gl.float32, [WS_ROWS, HEAD_D], acc_layout)
+        if CONS == 3:
+            acc2 = gl.allocate_shared_memory(gl.float32, [WS_ROWS, HEAD_D], acc_layout)
+        else:
+            acc2 = acc1  # never read
     else:  # never read: no allocation (which keeps the 2-consumer kernel's SASS as measured)
         acc0 = q_bufs
         acc1 = q_bufs
@@ -1599,7 +1603,7 @@ def _ws_plan(block_n: int, head_d: int, split: int) -> tuple[int, int, bool, int
     two K/V slots. FULL_WS_QUERY_TILES=1 gives the second query tile's room to K/V slots (128-key blocks at head
     dim 128: three slots instead of two)."""
     cons = KNOBS["FULL_WS_CONSUMERS"]
-    acc_smem = cons == 3 and split != 0
+    acc_smem = (cons == 3 or KNOBS["FULL_WS_ACC"] == "shared") and split != 0
     fixed = (cons * 64 * (head_d + 4) * 4 if acc_smem else 0) + 1024  # padded rows; + barriers and alignment
     fixed += block_n * 16 * 2 if KNOBS["ROW_SUM"] == "dot" else 0  # the ones tile
     per_slot = 2 * block_n * head_d * 2

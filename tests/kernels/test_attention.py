@@ -800,6 +800,14 @@ def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
     assert r.returncode == 0, r.stderr[-2000:]
     ws = json.loads(r.stdout)["prefill_ws"]
     assert ws["spill_store_bytes"] == 0 and ws["HGMMA"] == reps["serial", "tree"]["prefill_ws"]["HGMMA"] + 12, ws
+    # The overlapped schedule at 128-key blocks spills in registers (444 bytes with the accumulator there); with
+    # the merged accumulator in shared memory (FULL_WS_ACC) it does not, and the block still fits
+    knobs.update(FULL_WS_SCHEDULE="overlap", FULL_WS_DIAG="full", FULL_WS_ACC="shared", FULL_WS_STORE="tma")
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
+                        "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ws = json.loads(r.stdout)["prefill_ws"]
+    assert ws["spill_store_bytes"] == 0 and ws["shared_bytes"] <= 227 * 1024, ws
 
 
 def test_gluon_decode_plan_never_starves_its_ring():
@@ -887,6 +895,12 @@ def test_gluon_prefill_shared_memory_plan():
         plan = mod._ws_plan(128, 128, 1024)
         assert plan == want, (q_tiles, plan)
         assert plan[1] * 2 * 64 * 128 * 2 + plan[3] * 2 * 128 * 128 * 2 <= mod.WS_SMEM_BYTES - 1024
+    # FULL_WS_ACC "shared" with two consumers: at 128-key blocks and head dim 128 the two padded accumulators fit
+    # beside one query tile and two K/V slots; without a split there is no merged accumulator to keep.
+    for dim, split, want in ((128, 1024, (2, 1, True, 2)), (64, 512, (2, 2, True, 4)), (128, 0, (2, 2, False, 2))):
+        mod = load(with_knobs(FAMILY.root_source(), FULL_WS_ACC="shared"))
+        plan = mod._ws_plan(128 if dim == 128 else 64, dim, split)
+        assert plan == want, (dim, split, plan)
     # A plan that does not fit is Triton's OutOfResources, which the audit files as "resources" (campaign 6 drew
     # 128-key blocks with three consumers twice).
     from tik_evo.worker import error_kind
