@@ -66,9 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     desc = lambda rows: (f"tensordesc<bf16[1, {rows}, {args.head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "  # noqa: E731
                          "element_bitwidth=16, rank=3, transposed=False, fp4_padded=False, cga_layout=[])>")
     ws_sig = {"q_desc": desc(64), "k_desc": desc(kn["BLOCK_N"]), "v_desc": desc(kn["BLOCK_N"]), "o_desc": desc(64),
-              "O": "*bf16",
-              "O32": "*bf16", "S": "i32", "qk_scale": "fp32", "BH": "i32", "HQ": "i32", "HKV": "i32", "GROUP": "i32",
-              "HB": "i32"}
+              "O": "*bf16", "O32": "*bf16", "S": "i32", "qk_scale": "fp32", "BH": "i32", "HQ": "i32", "HKV": "i32",
+              "GROUP": "i32", "HB": "i32"}
     cons, q_tiles, acc_smem, slots = mod._ws_plan(kn["BLOCK_N"], args.head_dim, kn["SPLIT_TOKENS"])
     cons_regs, loader_regs, maxnreg = mod._ws_regs(cons)
     prefill_ws = compile_sm90(mod._ws_prefill_kernel, ws_sig, {
@@ -76,10 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap",
         "PERSISTENT": (2 if kn["FULL_WS_BANDS"] != "off" else 1) if kn["FULL_WS_PERSISTENT"] != "off" else 0,
         "WRITE32": False, "CONS": cons, "Q_TILES": q_tiles, "ACC_SMEM": acc_smem, "CONS_REGS": cons_regs,
-        "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot",
-        "DIAG": kn.get("FULL_WS_DIAG") == "half" and cons == 2 and kn["BLOCK_N"] == 128 and kn["ROW_SUM"] == "tree"
-        and kn["FULL_WS_SCHEDULE"] == "serial", "STORE_TMA": kn.get("FULL_WS_STORE") == "tma"},
-        4, 1, ALIGNED, maxnreg=maxnreg)
+        "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot", "DIAG": mod._ws_diag(cons, kn["BLOCK_N"]),
+        "STORE_TMA": kn["FULL_WS_STORE"] == "tma"}, 4, 1, ALIGNED, maxnreg=maxnreg)
     # The Gluon decode (DECODE_IMPL), as `_dec_launch` launches it (partials for the merge launch, or folded by the
     # row group's last program with the fused merge).
     dec_sig = {"Q": "*bf16", "k_desc": desc(64), "v_desc": desc(64), "CTX": "*i32", "O": "*bf16", "O32": "*bf16",

@@ -1626,6 +1626,13 @@ def _ws_band(n_m: int, bh: int, group: int, programs: int) -> int:
     return next(h for h in range(group, bh + 1, group) if bh % h == 0 and (n_m * h >= rounds * programs or h == bh))
 
 
+def _ws_diag(cons: int, block_n: int) -> bool:
+    """FULL_WS_DIAG "half" where it applies: the lower consumer's diagonal block on its first 64 keys
+    (`_ws_diag_half`) needs 128-row tiles over 128-key blocks, the serial schedule and the tree row sum."""
+    return (KNOBS["FULL_WS_DIAG"] == "half" and cons == 2 and block_n == 128 and KNOBS["ROW_SUM"] == "tree"
+            and KNOBS["FULL_WS_SCHEDULE"] == "serial")
+
+
 def _tma_ready(*tensors: torch.Tensor) -> bool:
     """Whether TMA descriptors can address these tensors as the Gluon kernels build them: contiguous, 16-byte
     aligned (the prefill's output too: FULL_WS_STORE stores it by TMA)."""
@@ -1659,16 +1666,12 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     band = _ws_band(_cdiv(S, cons * 64), B * HQ, HQ // HKV, min(tiles, sms)) if persistent else B * HQ
     persistent = (WS_BANDED.value if band < B * HQ else 1) if persistent else 0
     regs = _ws_regs(cons)
-    # FULL_WS_DIAG "half": the lower consumer's diagonal block on its first 64 keys (`_ws_diag_half`); its tile
-    # must be 128 rows over 128-key blocks, the schedule serial and the row sum the tree
-    diag = (KNOBS["FULL_WS_DIAG"] == "half" and cons == 2 and bn == 128 and KNOBS["ROW_SUM"] == "tree"
-            and KNOBS["FULL_WS_SCHEDULE"] == "serial")
     _fast(_ws_prefill_kernel)[(min(tiles, sms) if persistent else tiles,)](
         *descs, out, out32 if out32 is not None else out, S, _qk_scale(sm_scale), B * HQ, HQ, HKV, HQ // HKV, band,
         HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
         CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=regs[0], LOADER_REGS=regs[1],
-        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", DIAG=diag, STORE_TMA=KNOBS["FULL_WS_STORE"] == "tma", num_warps=4,
+        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", DIAG=_ws_diag(cons, bn), STORE_TMA=KNOBS["FULL_WS_STORE"] == "tma", num_warps=4,
         maxnreg=regs[2])
     return True
 
