@@ -25,10 +25,10 @@ ALIGNED = {"x_ptr", "w_ptr", "ws_ptr", "b_ptr", "y_ptr", "y32_ptr", "N", "K", "s
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on an H100/H200
 
 
-def report(mod, path: str, m: int, k: int = 4096, n: int = 4096) -> dict:
-    sch = mod._schedule(m, n, k, path)  # the launch's schedule, as the root picks it
+def report(mod, path: str, m: int, k: int = 4096, n: int = 4096, write32: bool = False) -> dict:
+    sch = mod._schedule(m, n, k, path, write32=write32)  # the launch's schedule, as the root picks it
     consts = {"sxk": 1, "swk": 1, "syn": 1, "K_CHUNK": sch["k_chunk"], "N_CHUNKS": sch["n_chunks"],
-              "FLAT_CHUNKS": sch["flat"], "HAS_BIAS": False, "WRITE32": False, "BLOCK_M": sch["bm"],
+              "FLAT_CHUNKS": sch["flat"], "HAS_BIAS": False, "WRITE32": write32, "BLOCK_M": sch["bm"],
               "BLOCK_N": sch["bn"], "BLOCK_K": mod.KNOBS["BLOCK_K"], "GROUP_M": sch["group_m"], "EVEN_K": True,
               "USE_TMA": mod.KNOBS[path + "_USE_TMA"], "UNROLL": sch["unroll"]}
     # The kernel's argument order, with the unit strides placed where the signature has them.
@@ -45,6 +45,8 @@ def report(mod, path: str, m: int, k: int = 4096, n: int = 4096) -> dict:
         consts = {k: v for k, v in consts.items() if k not in ("sxk", "swk", "FLAT_CHUNKS", "EVEN_K", "USE_TMA",
                                                                 "UNROLL")}
     sig = {n: SIG.get(n, "constexpr") for n in names}
+    if write32 and "y32_ptr" in sig:
+        sig["y32_ptr"] = "*fp32"
     out = compile_sm90(kernel, sig, consts, sch["warps"], sch["stages"], ALIGNED)
     return {"BLOCK_M": sch["bm"], "BLOCK_N": sch["bn"], "UNROLL": sch["unroll"], "warps": sch["warps"],
             "stages": sch["stages"], "parallel_chunks": sch["parallel"], "persistent": bool(sch["persistent_per_sm"]),
@@ -61,13 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--full", action="store_true", help="also report the full path")
     ap.add_argument("--k", type=int, default=4096, help="K of the launch (sets the number of K_CHUNK chunks)")
     ap.add_argument("--n", type=int, default=4096, help="N of the launch (the schedule may follow it)")
+    ap.add_argument("--write32", action="store_true", help="with the fp32 output (the family's checks ask for it)")
     args = ap.parse_args(argv)
     variants = json.loads(args.variants.read_text()) if args.variants else {"cli": json.loads(args.knobs)}
     for name, knobs in variants.items():
         mod = load_variant(args.source, knobs, f"linear_report_{name}")
-        row = {"variant": name, **{f"decode.M{m}": report(mod, "DECODE", m, args.k, args.n) for m in args.m}}
+        row = {"variant": name, **{f"decode.M{m}": report(mod, "DECODE", m, args.k, args.n, args.write32)
+                                      for m in args.m}}
         if args.full:
-            row["full"] = report(mod, "FULL", 4096, args.k, args.n)
+            row["full"] = report(mod, "FULL", 4096, args.k, args.n, args.write32)
         print(json.dumps(row), flush=True)
     return 0
 

@@ -388,6 +388,15 @@ def bench_linear_full_ab(variants: dict, full_ms=(4096, 16384), repeats: int = 5
     impls = {v: load("linear", kn) for v, kn in variants.items()}
     cells = [_linear_cell(name, n, k, m) for name, n, k in LINEAR_SHAPES for m in full_ms]
     ratios: dict = {}  # variant -> workload -> [ratio per repeat]
+    for v in list(impls):  # a variant that does not build or launch (e.g. out of shared memory) leaves the A/B
+        try:
+            for _, sets, y in cells:
+                impls[v].linear_full(*sets[0], None, y)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            RESULTS["chosen"].setdefault("linear_full_ab_failed", {})[v] = f"{type(e).__name__}: {e}"[:300]
+            print(f"{v}: dropped ({type(e).__name__})", flush=True)
+            del impls[v]
     names = list(impls)
     for r in range(repeats):
         order = names[r % len(names):] + names[:r % len(names)]

@@ -53,6 +53,10 @@ class LinearFamily(Family):
         Knob("FULL_PERSISTENT_MAX_CHUNKS", (1, 2, 4), "full",
              "persistent full-path launches may hold up to this many in-program K chunks per tile, walked as "
              "(tile, chunk) items of one pipelined loop (1: only unsplit launches are persistent)"),
+        Knob("FULL_UNSPLIT_TILE", ("same", "128x256", "256x128"), "full",
+             "full-path launches of one K chunk take this tile with 8 warps, as persistent programs (one per SM, "
+             "with TMA): fewer bytes from L2 per output than 128x128; \"same\" keeps FULL_BLOCK_M x FULL_BLOCK_N"),
+        Knob("FULL_UNSPLIT_NUM_STAGES", (3, 4), "full", "pipelining depth with FULL_UNSPLIT_TILE"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
         Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
              "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "
@@ -121,6 +125,11 @@ class LinearFamily(Family):
                             "Long K (9728, 14336) ran 1.03-1.07x cuBLAS with 4-5 stages against 1.11-1.19x with "
                             "3, short K (2560) the reverse (H200): pick the depth by K", paths=("full",),
                             knobs=("FULL_NUM_STAGES", "FULL_SHORT_K", "FULL_SHORT_K_NUM_STAGES")),
+            OpportunitySpec("full_unsplit_tile", "Unsplit full-path GEMMs (qkv, gate_up: K 2560) in 128x128 tiles "
+                            "are bound by L2-to-SM bandwidth (qkv at M 16384: 8.05 GB from L2 against cuBLAS's 5.41 "
+                            "GB with 192x192 tiles, H200): a 128x256 or 256x128 tile as a persistent program reads a "
+                            "quarter fewer bytes per output", paths=("full",),
+                            knobs=("FULL_UNSPLIT_TILE", "FULL_UNSPLIT_NUM_STAGES", "FULL_GROUP_M")),
             OpportunitySpec("full_l2_grouping", "Group row tiles so W tiles are reused from L2", paths=("full",),
                             knobs=("FULL_GROUP_M",)),
             OpportunitySpec("decode_tile", "Decode is memory-bound on W: narrow tiles to put more programs on the "

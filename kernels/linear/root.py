@@ -59,6 +59,8 @@ KNOBS = {
     "DECODE_SPLIT_MAX_TILES": 128,
     "FULL_PERSISTENT": "long_k",
     "FULL_PERSISTENT_MAX_CHUNKS": 2,
+    "FULL_UNSPLIT_TILE": "same",
+    "FULL_UNSPLIT_NUM_STAGES": 3,
 }
 
 
@@ -168,6 +170,29 @@ def _store_tile(total, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn,
 
 
 @triton.jit
+def _store_tile_halves(total, b_ptr, y_ptr, y32_ptr, off_m, off_n, M, N, sym, syn, HAS_BIAS: tl.constexpr,
+                       WRITE32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # A 256-wide tile is stored as two halves along its long side: the store's layout change then stages half
+    # the tile in shared memory (the fp32 output of a whole 128x256 tile would not fit beside the pipeline).
+    # Element-wise epilogue, so the same bits as one store.
+    if BLOCK_N >= 256:
+        lo, hi = tl.split(tl.permute(tl.reshape(total, [BLOCK_M, 2, BLOCK_N // 2]), (0, 2, 1)))
+        rows = off_m + tl.arange(0, BLOCK_M)
+        cols = off_n + tl.arange(0, BLOCK_N // 2)
+        _store_tile(lo, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
+        _store_tile(hi, b_ptr, y_ptr, y32_ptr, rows, cols + BLOCK_N // 2, M, N, sym, syn, HAS_BIAS, WRITE32)
+    elif BLOCK_M >= 256:
+        lo, hi = tl.split(tl.permute(tl.reshape(total, [2, BLOCK_M // 2, BLOCK_N]), (1, 2, 0)))
+        rows = off_m + tl.arange(0, BLOCK_M // 2)
+        cols = off_n + tl.arange(0, BLOCK_N)
+        _store_tile(lo, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
+        _store_tile(hi, b_ptr, y_ptr, y32_ptr, rows + BLOCK_M // 2, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
+    else:
+        _store_tile(total, b_ptr, y_ptr, y32_ptr, off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N),
+                    M, N, sym, syn, HAS_BIAS, WRITE32)
+
+
+@triton.jit
 def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     # Grouped ordering so consecutive programs share W tiles in L2 (schedule only).
     num_m = tl.cdiv(M, BLOCK_M)
@@ -237,9 +262,8 @@ def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm,
             for k0 in range(0, K, BLOCK_K):
                 acc = _tma_step(acc, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, k0)
             total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), acc)
-            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            _store_tile(total, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
+            _store_tile_halves(total, b_ptr, y_ptr, y32_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N, M, N, sym, syn,
+                               HAS_BIAS, WRITE32, BLOCK_M, BLOCK_N)
     else:
         my_tiles = tl.cdiv(num_tiles - tl.program_id(0), tl.num_programs(0))
         total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -344,8 +368,9 @@ def _fit_stages(tiles, bm, bn, unroll, sms):
                key=lambda s: (triton.cdiv(tiles, sms * max(1, SMEM_PER_SM // (s * stage + 1024))), -s))
 
 
-def _schedule(M, N, K, path, sms=132):
-    """Tiles, warps, stages, unrolling and chunk execution of one launch (schedule only: no bits depend on it)."""
+def _schedule(M, N, K, path, sms=132, write32=False):
+    """Tiles, warps, stages, unrolling and chunk execution of one launch (schedule only: no bits depend on it).
+    `write32`: the launch also stores the fp32 output."""
     k_chunk = _k_chunk(K)
     n_chunks = triton.cdiv(K, k_chunk) if k_chunk else 1
     split_max_m = KNOBS["DECODE_SPLIT_MAX_M"] if path == "DECODE" else 0
@@ -361,7 +386,14 @@ def _schedule(M, N, K, path, sms=132):
            "warps": KNOBS[src + "_NUM_WARPS"], "stages": KNOBS[src + "_NUM_STAGES"],
            "unroll": KNOBS["DECODE_K_UNROLL"] if src == "DECODE" else 1}
     short_k = path == "FULL" and KNOBS["FULL_SHORT_K"] > K
-    if short_k:
+    # Unsplit full-path launches may take a larger tile (one accumulator: 128 fp32 registers per thread at
+    # 8 warps; with a chunk total beside it, it spills): fewer bytes from L2 per output, one program per SM.
+    wide = path == "FULL" and n_chunks == 1 and KNOBS["FULL_UNSPLIT_TILE"] != "same"
+    if wide:
+        bm, bn = (int(v) for v in KNOBS["FULL_UNSPLIT_TILE"].split("x"))
+        # The fp32 output's half-tile staging (64 KB) does not fit beside four stages: three then.
+        sch.update(bm=bm, bn=bn, warps=8, stages=min(KNOBS["FULL_UNSPLIT_NUM_STAGES"], 3 if write32 else 4))
+    elif short_k:
         # Short reductions: a shallower pipeline leaves shared memory for two tiles per SM, which hide each
         # other's prologue and epilogue; long ones want the deep pipeline (one tile per SM).
         sch["stages"] = KNOBS["FULL_SHORT_K_NUM_STAGES"]
@@ -387,10 +419,10 @@ def _schedule(M, N, K, path, sms=132):
     # programs as fit at once: two per SM with the short-K pipeline).
     in_program = n_chunks == 1 or (not parallel and n_chunks <= KNOBS["FULL_PERSISTENT_MAX_CHUNKS"]
                                    and K % k_chunk == 0)  # equal chunks: the item loop's K bounds are fixed
-    persistent = path == "FULL" and in_program and {"off": False, "long_k": not short_k,
-                                                    "all": True}[KNOBS["FULL_PERSISTENT"]]
+    persistent = path == "FULL" and in_program and (wide or {"off": False, "long_k": not short_k,
+                                                             "all": True}[KNOBS["FULL_PERSISTENT"]])
     return {**sch, "k_chunk": k_chunk, "n_chunks": n_chunks, "parallel": parallel, "flat": flat,
-            "persistent_per_sm": (2 if short_k else 1) if persistent else 0}
+            "persistent_per_sm": (2 if short_k and not wide else 1) if persistent else 0}
 
 
 def _launch(x, weight, bias, out, out32, path):
@@ -398,7 +430,7 @@ def _launch(x, weight, bias, out, out32, path):
     M, K = x.shape
     N = weight.shape[0]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    sch = _schedule(M, N, K, path, sms)
+    sch = _schedule(M, N, K, path, sms, out32 is not None)
     block_k, k_chunk, bm, bn = KNOBS["BLOCK_K"], sch["k_chunk"], sch["bm"], sch["bn"]
     has_bias, write32 = bias is not None, out32 is not None
     b = bias if has_bias else out

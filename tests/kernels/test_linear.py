@@ -37,6 +37,10 @@ def test_root_passes_all_cases():
     # Chunks as (tile, chunk) items of the persistent loop: k = 1088 in two chunks of 17 32-column steps.
     {"FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32, "K_CHUNK": 544, "FULL_BLOCK_M": 32,
      "FULL_BLOCK_N": 32, "FULL_GROUP_M": 4, "DECODE_SPLIT_PARALLEL": False},
+    # Unsplit full-path launches in one persistent 256x128 tile; the K 1088 case splits at 544 and keeps 32x32.
+    {"FULL_UNSPLIT_TILE": "128x256"},
+    {"FULL_UNSPLIT_TILE": "256x128", "K_CHUNK": 544, "BLOCK_K": 32, "K_CHUNK_MIN_K": 1024, "FULL_BLOCK_M": 32,
+     "FULL_BLOCK_N": 32},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
@@ -176,6 +180,18 @@ def test_persistent_chunks_take_only_short_splits():
     assert (down["n_chunks"], down["persistent_per_sm"], down["flat"]) == (3, 0, True)
     assert load("pc1", K_CHUNK=4096, K_CHUNK_MIN_K=4096, K_CHUNK_SHORT=2048, FULL_PERSISTENT_MAX_CHUNKS=1)._schedule(
         4096, 2560, 4096, "FULL")["persistent_per_sm"] == 0
+
+
+def test_unsplit_tile_takes_only_one_chunk_full_launches():
+    # qkv and gate_up (K 2560) are unsplit: 128x256, 8 warps, persistent one per SM (not the short-K two);
+    # o (K 4096 in two chunks) keeps 128x128 and decode never sees the knob.
+    sch = load("ut", FULL_UNSPLIT_TILE="128x256", FULL_UNSPLIT_NUM_STAGES=4)._schedule
+    qkv, o = sch(16384, 6144, 2560, "FULL"), sch(16384, 2560, 4096, "FULL")
+    assert (qkv["bm"], qkv["bn"], qkv["warps"], qkv["stages"], qkv["persistent_per_sm"]) == (128, 256, 8, 4, 1)
+    assert sch(16384, 6144, 2560, "FULL", write32=True)["stages"] == 3  # the fp32 output's staging fits beside 3
+    assert (o["bm"], o["bn"], o["n_chunks"]) == (128, 128, 2)
+    assert sch(256, 6144, 2560, "DECODE")["bn"] <= 128
+    assert load()._schedule(16384, 6144, 2560, "FULL")["bn"] == 128  # the root: "same"
 
 
 def test_decode_stages_fit_the_launch_in_fewest_waves():
