@@ -154,11 +154,13 @@ def test_root_schedule_follows_the_launch_shape():
     one = sch(1, 2560, 9728, "DECODE")
     assert one["parallel"] and one["bm"] == 16 and one["unroll"] == 4
     assert sch(4096, 2560, 9728, "FULL")["flat"] and sch(4096, 2560, 9728, "FULL")["stages"] == 5
-    assert sch(4096, 6144, 2560, "FULL")["stages"] == 3 and sch(4096, 6144, 2560, "FULL")["n_chunks"] == 1
-    # Persistent programs only for the deep-pipeline launches of the full path of at most two equal K chunks
-    # (o: K 4096 in two 2048-column chunks; down: three chunks, the flat loop).
+    qkv = sch(4096, 6144, 2560, "FULL")  # unsplit: the 128x256 tile, persistent, 4 stages
+    assert (qkv["bm"], qkv["bn"], qkv["stages"], qkv["n_chunks"]) == (128, 256, 4, 1)
+    # Persistent programs for unsplit launches and the deep-pipeline launches of the full path of at most two
+    # equal K chunks (o: K 4096 in two 2048-column chunks; down: three chunks, the flat loop).
     assert [sch(4096, n, k, "FULL")["persistent_per_sm"] for n, k in ((2560, 4096), (6144, 2560), (2560, 9728))] \
-        == [1, 0, 0]
+        == [1, 1, 0]
+    assert load("s", FULL_UNSPLIT_TILE="same")._schedule(4096, 6144, 2560, "FULL")["stages"] == 3  # short K
     assert sch(256, 2560, 4096, "DECODE")["persistent_per_sm"] == 0
 
 
@@ -191,7 +193,7 @@ def test_unsplit_tile_takes_only_one_chunk_full_launches():
     assert sch(16384, 6144, 2560, "FULL", write32=True)["stages"] == 3  # the fp32 output's staging fits beside 3
     assert (o["bm"], o["bn"], o["n_chunks"]) == (128, 128, 2)
     assert sch(256, 6144, 2560, "DECODE")["bn"] <= 128
-    assert load()._schedule(16384, 6144, 2560, "FULL")["bn"] == 128  # the root: "same"
+    assert load("same", FULL_UNSPLIT_TILE="same")._schedule(16384, 6144, 2560, "FULL")["bn"] == 128
 
 
 def test_decode_stages_fit_the_launch_in_fewest_waves():
