@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
 
-SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "stash_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*bf16", "M": "i32",
+SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*bf16", "M": "i32",
        "N": "i32", "K": "i32", "sxm": "i32", "swn": "i32", "sym": "i32"}
-ALIGNED = {"x_ptr", "w_ptr", "ws_ptr", "stash_ptr", "b_ptr", "y_ptr", "y32_ptr", "N", "K", "sxm", "swn", "sym"}
+ALIGNED = {"x_ptr", "w_ptr", "ws_ptr", "b_ptr", "y_ptr", "y32_ptr", "N", "K", "sxm", "swn", "sym"}
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on an H100/H200
 
 
@@ -40,9 +40,8 @@ def report(mod, path: str, m: int, k: int = 4096, n: int = 4096, write32: bool =
         consts = {k: v for k, v in consts.items() if k not in ("syn", "N_CHUNKS", "FLAT_CHUNKS", "HAS_BIAS",
                                                                 "WRITE32")}
     elif sch["persistent_per_sm"]:  # full path: persistent programs over tiles (and in-program K chunks)
-        kernel, names = mod._linear_persistent_kernel, ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "y32_ptr", "stash_ptr",
-                                                        "M", "N", "K", "sxm", "swn", "sym", "syn"]
-        consts["STASH"] = sch.get("stash", False)
+        kernel, names = mod._linear_persistent_kernel, ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "y32_ptr", "M", "N",
+                                                        "K", "sxm", "swn", "sym", "syn"]
         consts = {k: v for k, v in consts.items() if k not in ("sxk", "swk", "FLAT_CHUNKS", "EVEN_K", "USE_TMA",
                                                                 "UNROLL")}
     sig = {n: SIG.get(n, "constexpr") for n in names}

@@ -61,8 +61,6 @@ KNOBS = {
     "FULL_PERSISTENT_MAX_CHUNKS": 2,
     "FULL_UNSPLIT_TILE": "128x256",
     "FULL_UNSPLIT_NUM_STAGES": 4,
-    "FULL_CHUNKED_TILE": "same",
-    "FULL_CHUNKED_NUM_STAGES": 3,
 }
 
 
@@ -195,49 +193,6 @@ def _store_tile_halves(total, b_ptr, y_ptr, y32_ptr, off_m, off_n, M, N, sym, sy
 
 
 @triton.jit
-def _stash_half(part, stash_ptr, chunk, local, rows, cols, b_ptr, y_ptr, y32_ptr, M, N, sym, syn,
-                HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr, N_CHUNKS: tl.constexpr):
-    # The chunk total of a persistent program lives in its own fp32 stash (global memory, hot in L2) instead of
-    # registers: total = stash (0 at the tile's first chunk) + this chunk's accumulator, the `_merge` of the
-    # register carry. Stored back unless it is the last chunk, which stores the output instead. Load and store
-    # use the same addresses and layout, so each thread reads back what it wrote.
-    prev = tl.load(stash_ptr + local, mask=(local >= 0) & (chunk > 0), other=0.0)
-    total = _merge(prev, part)
-    tl.store(stash_ptr + local, total, mask=(local >= 0) & (chunk < N_CHUNKS - 1))
-    _store_tile(total, b_ptr, y_ptr, y32_ptr, tl.where(chunk == N_CHUNKS - 1, rows, M), cols, M, N, sym, syn,
-                HAS_BIAS, WRITE32)
-
-
-@triton.jit
-def _stash_merge(acc, stash_ptr, chunk, off_m, off_n, b_ptr, y_ptr, y32_ptr, M, N, sym, syn,
-                 HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 N_CHUNKS: tl.constexpr):
-    # In two halves along the tile's long side, as `_store_tile_halves`: half the registers and staging live.
-    # No barrier here: one inside the item loop turns off Triton's software pipelining (sm_90a: 49 KB of shared
-    # memory, one stage). None is needed, as each thread reads back its own stores (see `_stash_half`).
-    if BLOCK_N >= 256:
-        lo, hi = tl.split(tl.permute(tl.reshape(acc, [BLOCK_M, 2, BLOCK_N // 2]), (0, 2, 1)))
-        r = tl.arange(0, BLOCK_M)[:, None]
-        c = tl.arange(0, BLOCK_N // 2)[None, :]
-        _stash_half(lo, stash_ptr, chunk, r * BLOCK_N + c, off_m + tl.arange(0, BLOCK_M),
-                    off_n + tl.arange(0, BLOCK_N // 2), b_ptr, y_ptr, y32_ptr, M, N, sym, syn, HAS_BIAS, WRITE32,
-                    N_CHUNKS)
-        _stash_half(hi, stash_ptr, chunk, r * BLOCK_N + c + BLOCK_N // 2, off_m + tl.arange(0, BLOCK_M),
-                    off_n + BLOCK_N // 2 + tl.arange(0, BLOCK_N // 2), b_ptr, y_ptr, y32_ptr, M, N, sym, syn,
-                    HAS_BIAS, WRITE32, N_CHUNKS)
-    else:
-        lo, hi = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_M // 2, BLOCK_N]), (1, 2, 0)))
-        r = tl.arange(0, BLOCK_M // 2)[:, None]
-        c = tl.arange(0, BLOCK_N)[None, :]
-        _stash_half(lo, stash_ptr, chunk, r * BLOCK_N + c, off_m + tl.arange(0, BLOCK_M // 2),
-                    off_n + tl.arange(0, BLOCK_N), b_ptr, y_ptr, y32_ptr, M, N, sym, syn, HAS_BIAS, WRITE32,
-                    N_CHUNKS)
-        _stash_half(hi, stash_ptr, chunk, (r + BLOCK_M // 2) * BLOCK_N + c, off_m + BLOCK_M // 2 +
-                    tl.arange(0, BLOCK_M // 2), off_n + tl.arange(0, BLOCK_N), b_ptr, y_ptr, y32_ptr, M, N, sym,
-                    syn, HAS_BIAS, WRITE32, N_CHUNKS)
-
-
-@triton.jit
 def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     # Grouped ordering so consecutive programs share W tiles in L2 (schedule only).
     num_m = tl.cdiv(M, BLOCK_M)
@@ -285,10 +240,10 @@ def _linear_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, sxk, swn, 
 
 
 @triton.jit(do_not_specialize=["M"])
-def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, stash_ptr, M, N, K, sxm, swn, sym, syn,
+def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm, swn, sym, syn,
                               HAS_BIAS: tl.constexpr, WRITE32: tl.constexpr, BLOCK_M: tl.constexpr,
                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                              K_CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr, STASH: tl.constexpr):
+                              K_CHUNK: tl.constexpr, N_CHUNKS: tl.constexpr):
     # Each program walks tiles a grid apart; the tile loop nest is flattened into one software pipeline, so
     # the next tile's first K tiles load during this tile's epilogue. Per output: the K loop from a zero
     # accumulator and one merge into a zero total, the dot steps of the unsplit (or one-chunk) kernel above.
@@ -319,18 +274,13 @@ def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, stash_ptr, M,
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for kk in range(0, K_CHUNK, BLOCK_K):  # bounds the item loop cannot change: it stays one pipeline
                 acc = _tma_step(acc, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, chunk * K_CHUNK + kk)
-            if STASH:  # a tile too large for two register accumulators carries its total in the stash
-                _stash_merge(acc, stash_ptr + tl.program_id(0).to(tl.int64) * (BLOCK_M * BLOCK_N), chunk,
-                             pid_m * BLOCK_M, pid_n * BLOCK_N, b_ptr, y_ptr, y32_ptr, M, N, sym, syn, HAS_BIAS,
-                             WRITE32, BLOCK_M, BLOCK_N, N_CHUNKS)
-            else:
-                total = _merge(tl.where(chunk == 0, 0.0, total), acc)
-                rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-                # Every item computes the store's addresses; only the tile's last chunk stores (no rows pass M). A
-                # store under `if` instead fails Triton 3.6's nested-loop fusion (its scf.if result count).
-                last_rows = tl.where(chunk == N_CHUNKS - 1, rows, M)
-                _store_tile(total, b_ptr, y_ptr, y32_ptr, last_rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
+            total = _merge(tl.where(chunk == 0, 0.0, total), acc)
+            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            # Every item computes the store's addresses; only the tile's last chunk stores (no rows pass M). A
+            # store under `if` instead fails Triton 3.6's nested-loop fusion (its scf.if result count).
+            last_rows = tl.where(chunk == N_CHUNKS - 1, rows, M)
+            _store_tile(total, b_ptr, y_ptr, y32_ptr, last_rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -471,14 +421,8 @@ def _schedule(M, N, K, path, sms=132, write32=False):
                                    and K % k_chunk == 0)  # equal chunks: the item loop's K bounds are fixed
     persistent = path == "FULL" and in_program and (wide or {"off": False, "long_k": not short_k,
                                                              "all": True}[KNOBS["FULL_PERSISTENT"]])
-    # Persistent launches of several K chunks may take a larger tile too; its chunk total then lives in a
-    # per-program fp32 stash in global memory (two register accumulators of that size would spill).
-    stash = persistent and n_chunks > 1 and KNOBS["FULL_CHUNKED_TILE"] != "same"
-    if stash:
-        bm, bn = (int(v) for v in KNOBS["FULL_CHUNKED_TILE"].split("x"))
-        sch.update(bm=bm, bn=bn, warps=8, stages=min(KNOBS["FULL_CHUNKED_NUM_STAGES"], 3 if write32 else 4))
-    return {**sch, "k_chunk": k_chunk, "n_chunks": n_chunks, "parallel": parallel, "flat": flat, "stash": stash,
-            "persistent_per_sm": (2 if short_k and not (wide or stash) else 1) if persistent else 0}
+    return {**sch, "k_chunk": k_chunk, "n_chunks": n_chunks, "parallel": parallel, "flat": flat,
+            "persistent_per_sm": (2 if short_k and not wide else 1) if persistent else 0}
 
 
 def _launch(x, weight, bias, out, out32, path):
@@ -497,12 +441,11 @@ def _launch(x, weight, bias, out, out32, path):
                 UNROLL=sch["unroll"], num_warps=sch["warps"], num_stages=sch["stages"])
     if sch["persistent_per_sm"] and use_tma:
         programs = min(tiles, sch["persistent_per_sm"] * sms)
-        stash = torch.empty((programs, bm * bn), dtype=torch.float32, device=x.device) if sch["stash"] else out
         _linear_persistent_kernel[(programs,)](
-            x, weight, b, out, out32 if write32 else out, stash, M, N, K, x.stride(0), weight.stride(0),
+            x, weight, b, out, out32 if write32 else out, M, N, K, x.stride(0), weight.stride(0),
             out.stride(0), out.stride(1), HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
             BLOCK_K=block_k, GROUP_M=sch["group_m"], K_CHUNK=k_chunk if sch["n_chunks"] > 1 else 0,
-            N_CHUNKS=sch["n_chunks"], STASH=sch["stash"],
+            N_CHUNKS=sch["n_chunks"],
             num_warps=sch["warps"], num_stages=sch["stages"])
         return
     if sch["parallel"]:

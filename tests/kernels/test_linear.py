@@ -39,11 +39,6 @@ def test_root_passes_all_cases():
      "FULL_BLOCK_N": 32, "FULL_GROUP_M": 4, "DECODE_SPLIT_PARALLEL": False},
     # Unsplit full-path launches in one persistent 256x128 tile; the K 1088 case splits at 544 and keeps 32x32.
     {"FULL_UNSPLIT_TILE": "128x256"},
-    # Chunk totals carried in a per-program stash (k = 1088 in two chunks of 544; 67 x 80 is one tile each way).
-    {"FULL_CHUNKED_TILE": "128x256", "FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32,
-     "K_CHUNK": 544, "DECODE_SPLIT_PARALLEL": False},
-    {"FULL_CHUNKED_TILE": "256x128", "FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32,
-     "K_CHUNK": 544},
     {"FULL_UNSPLIT_TILE": "256x128", "K_CHUNK": 544, "BLOCK_K": 32, "K_CHUNK_MIN_K": 1024, "FULL_BLOCK_M": 32,
      "FULL_BLOCK_N": 32},
 ])
@@ -198,8 +193,6 @@ def test_unsplit_tile_takes_only_one_chunk_full_launches():
     assert sch(16384, 6144, 2560, "FULL", write32=True)["stages"] == 3  # the fp32 output's staging fits beside 3
     assert (o["bm"], o["bn"], o["n_chunks"]) == (128, 128, 2)
     assert sch(256, 6144, 2560, "DECODE")["bn"] <= 128
-    chunked = load("ct", FULL_CHUNKED_TILE="256x128")._schedule(16384, 2560, 4096, "FULL")  # o: two chunks
-    assert (chunked["bm"], chunked["bn"], chunked["stash"], chunked["persistent_per_sm"]) == (256, 128, True, 1)
     assert load("same", FULL_UNSPLIT_TILE="same")._schedule(16384, 6144, 2560, "FULL")["bn"] == 128
 
 
