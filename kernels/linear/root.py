@@ -368,9 +368,9 @@ def _fit_stages(tiles, bm, bn, unroll, sms):
                key=lambda s: (triton.cdiv(tiles, sms * max(1, SMEM_PER_SM // (s * stage + 1024))), -s))
 
 
-def _schedule(M, N, K, path, sms=132, write32=False):
+def _schedule(M, N, K, path, sms=132, write32=False, tma=True):
     """Tiles, warps, stages, unrolling and chunk execution of one launch (schedule only: no bits depend on it).
-    `write32`: the launch also stores the fp32 output."""
+    `write32`: the launch also stores the fp32 output; `tma`: its operands can be loaded by TMA."""
     k_chunk = _k_chunk(K)
     n_chunks = triton.cdiv(K, k_chunk) if k_chunk else 1
     split_max_m = KNOBS["DECODE_SPLIT_MAX_M"] if path == "DECODE" else 0
@@ -388,7 +388,9 @@ def _schedule(M, N, K, path, sms=132, write32=False):
     short_k = path == "FULL" and KNOBS["FULL_SHORT_K"] > K
     # Unsplit full-path launches may take a larger tile (one accumulator: 128 fp32 registers per thread at
     # 8 warps; with a chunk total beside it, it spills): fewer bytes from L2 per output, one program per SM.
-    wide = path == "FULL" and n_chunks == 1 and KNOBS["FULL_UNSPLIT_TILE"] != "same"
+    # Only with TMA: the pointer kernel (transposed operands of the backward) is neither persistent nor stores
+    # in halves, and a 128x256 tile of it would not fit in shared memory.
+    wide = path == "FULL" and n_chunks == 1 and KNOBS["FULL_UNSPLIT_TILE"] != "same" and tma
     if wide:
         bm, bn = (int(v) for v in KNOBS["FULL_UNSPLIT_TILE"].split("x"))
         # The fp32 output's half-tile staging (64 KB) does not fit beside four stages: three then.
@@ -430,13 +432,13 @@ def _launch(x, weight, bias, out, out32, path):
     M, K = x.shape
     N = weight.shape[0]
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
-    sch = _schedule(M, N, K, path, sms, out32 is not None)
+    use_tma = KNOBS[path + "_USE_TMA"] and _tma_ok(x, weight)
+    sch = _schedule(M, N, K, path, sms, out32 is not None, use_tma)
     block_k, k_chunk, bm, bn = KNOBS["BLOCK_K"], sch["k_chunk"], sch["bm"], sch["bn"]
     has_bias, write32 = bias is not None, out32 is not None
     b = bias if has_bias else out
     even_k = K % block_k == 0 and k_chunk % block_k == 0
     tiles = triton.cdiv(M, bm) * triton.cdiv(N, bn)
-    use_tma = KNOBS[path + "_USE_TMA"] and _tma_ok(x, weight)
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=sch["group_m"], EVEN_K=even_k, USE_TMA=use_tma,
                 UNROLL=sch["unroll"], num_warps=sch["warps"], num_stages=sch["stages"])
     if sch["persistent_per_sm"] and use_tma:

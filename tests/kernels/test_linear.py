@@ -37,8 +37,9 @@ def test_root_passes_all_cases():
     # Chunks as (tile, chunk) items of the persistent loop: k = 1088 in two chunks of 17 32-column steps.
     {"FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32, "K_CHUNK": 544, "FULL_BLOCK_M": 32,
      "FULL_BLOCK_N": 32, "FULL_GROUP_M": 4, "DECODE_SPLIT_PARALLEL": False},
-    # Unsplit full-path launches in one persistent 256x128 tile; the K 1088 case splits at 544 and keeps 32x32.
-    {"FULL_UNSPLIT_TILE": "128x256"},
+    # Unsplit full-path launches in 128x128 tiles (the root takes 128x256), or in one persistent 256x128 tile,
+    # where the K 1088 case splits at 544 and keeps 32x32.
+    {"FULL_UNSPLIT_TILE": "same"},
     {"FULL_UNSPLIT_TILE": "256x128", "K_CHUNK": 544, "BLOCK_K": 32, "K_CHUNK_MIN_K": 1024, "FULL_BLOCK_M": 32,
      "FULL_BLOCK_N": 32},
 ])
@@ -193,6 +194,7 @@ def test_unsplit_tile_takes_only_one_chunk_full_launches():
     assert sch(16384, 6144, 2560, "FULL", write32=True)["stages"] == 3  # the fp32 output's staging fits beside 3
     assert (o["bm"], o["bn"], o["n_chunks"]) == (128, 128, 2)
     assert sch(256, 6144, 2560, "DECODE")["bn"] <= 128
+    assert sch(16384, 6144, 2560, "FULL", tma=False)["bn"] == 128  # the pointer kernel (backward) keeps 128x128
     assert load("same", FULL_UNSPLIT_TILE="same")._schedule(16384, 6144, 2560, "FULL")["bn"] == 128
 
 
