@@ -57,6 +57,9 @@ class LinearFamily(Family):
              "full-path launches of one K chunk take this tile with 8 warps, as persistent programs (one per SM, "
              "with TMA): fewer bytes from L2 per output than 128x128; \"same\" keeps FULL_BLOCK_M x FULL_BLOCK_N"),
         Knob("FULL_UNSPLIT_NUM_STAGES", (3, 4), "full", "pipelining depth with FULL_UNSPLIT_TILE"),
+        Knob("FULL_CHUNKED_WIDE", (False, True), "full",
+             "persistent full-path launches of several K chunks (FULL_PERSISTENT_MAX_CHUNKS) take FULL_UNSPLIT_TILE "
+             "too, the chunk total in registers beside the accumulator (a small spill at 128x256)"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
         Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
              "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "
@@ -129,7 +132,7 @@ class LinearFamily(Family):
                             "are bound by L2-to-SM bandwidth (qkv at M 16384: 8.05 GB from L2 against cuBLAS's 5.41 "
                             "GB with 192x192 tiles, H200): a 128x256 or 256x128 tile as a persistent program reads a "
                             "quarter fewer bytes per output", paths=("full",),
-                            knobs=("FULL_UNSPLIT_TILE", "FULL_UNSPLIT_NUM_STAGES", "FULL_GROUP_M")),
+                            knobs=("FULL_UNSPLIT_TILE", "FULL_UNSPLIT_NUM_STAGES", "FULL_CHUNKED_WIDE", "FULL_GROUP_M")),
             OpportunitySpec("full_l2_grouping", "Group row tiles so W tiles are reused from L2", paths=("full",),
                             knobs=("FULL_GROUP_M",)),
             OpportunitySpec("decode_tile", "Decode is memory-bound on W: narrow tiles to put more programs on the "

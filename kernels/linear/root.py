@@ -61,6 +61,7 @@ KNOBS = {
     "FULL_PERSISTENT_MAX_CHUNKS": 2,
     "FULL_UNSPLIT_TILE": "128x256",
     "FULL_UNSPLIT_NUM_STAGES": 4,
+    "FULL_CHUNKED_WIDE": False,
 }
 
 
@@ -275,12 +276,12 @@ def _linear_persistent_kernel(x_ptr, w_ptr, b_ptr, y_ptr, y32_ptr, M, N, K, sxm,
             for kk in range(0, K_CHUNK, BLOCK_K):  # bounds the item loop cannot change: it stays one pipeline
                 acc = _tma_step(acc, x_desc, w_desc, pid_m * BLOCK_M, pid_n * BLOCK_N, chunk * K_CHUNK + kk)
             total = _merge(tl.where(chunk == 0, 0.0, total), acc)
-            rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            # Every item computes the store's addresses; only the tile's last chunk stores (no rows pass M). A
-            # store under `if` instead fails Triton 3.6's nested-loop fusion (its scf.if result count).
-            last_rows = tl.where(chunk == N_CHUNKS - 1, rows, M)
-            _store_tile(total, b_ptr, y_ptr, y32_ptr, last_rows, cols, M, N, sym, syn, HAS_BIAS, WRITE32)
+            # Every item computes the store's addresses; only the tile's last chunk stores (the others see no
+            # rows below their bound of 0). A store under `if` instead fails Triton 3.6's nested-loop fusion
+            # (its scf.if result count).
+            _store_tile_halves(total, b_ptr, y_ptr, y32_ptr, pid_m * BLOCK_M, pid_n * BLOCK_N,
+                               tl.where(chunk == N_CHUNKS - 1, M, 0), N, sym, syn, HAS_BIAS, WRITE32, BLOCK_M,
+                               BLOCK_N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -390,7 +391,11 @@ def _schedule(M, N, K, path, sms=132, write32=False, tma=True):
     # 8 warps; with a chunk total beside it, it spills): fewer bytes from L2 per output, one program per SM.
     # Only with TMA: the pointer kernel (transposed operands of the backward) is neither persistent nor stores
     # in halves, and a 128x256 tile of it would not fit in shared memory.
-    wide = path == "FULL" and n_chunks == 1 and KNOBS["FULL_UNSPLIT_TILE"] != "same" and tma
+    # With FULL_CHUNKED_WIDE, persistent (tile, chunk) items take it too, their chunk total beside the
+    # accumulator (sm_90a: a 92-byte spill at 128x256).
+    items = (path == "FULL" and n_chunks > 1 and KNOBS["FULL_CHUNKED_WIDE"] and not parallel
+             and n_chunks <= KNOBS["FULL_PERSISTENT_MAX_CHUNKS"] and K % k_chunk == 0)
+    wide = path == "FULL" and (n_chunks == 1 or items) and KNOBS["FULL_UNSPLIT_TILE"] != "same" and tma
     if wide:
         bm, bn = (int(v) for v in KNOBS["FULL_UNSPLIT_TILE"].split("x"))
         # The fp32 output's half-tile staging (64 KB) does not fit beside four stages: three then.

@@ -40,6 +40,9 @@ def test_root_passes_all_cases():
     # Unsplit full-path launches in 128x128 tiles (the root takes 128x256), or in one persistent 256x128 tile,
     # where the K 1088 case splits at 544 and keeps 32x32.
     {"FULL_UNSPLIT_TILE": "same"},
+    # Persistent (tile, chunk) items in the wide tile too, the chunk total in registers.
+    {"FULL_CHUNKED_WIDE": True, "FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32,
+     "K_CHUNK": 544, "DECODE_SPLIT_PARALLEL": False},
     {"FULL_UNSPLIT_TILE": "256x128", "K_CHUNK": 544, "BLOCK_K": 32, "K_CHUNK_MIN_K": 1024, "FULL_BLOCK_M": 32,
      "FULL_BLOCK_N": 32},
 ])
@@ -196,6 +199,8 @@ def test_unsplit_tile_takes_only_one_chunk_full_launches():
     assert sch(256, 6144, 2560, "DECODE")["bn"] <= 128
     assert sch(16384, 6144, 2560, "FULL", tma=False)["bn"] == 128  # the pointer kernel (backward) keeps 128x128
     assert load("same", FULL_UNSPLIT_TILE="same")._schedule(16384, 6144, 2560, "FULL")["bn"] == 128
+    cw = load("cw", FULL_CHUNKED_WIDE=True)._schedule
+    assert (cw(16384, 2560, 4096, "FULL")["bn"], cw(16384, 2560, 9728, "FULL")["bn"]) == (256, 128)  # o; down: flat
 
 
 def test_decode_stages_fit_the_launch_in_fewest_waves():
