@@ -57,9 +57,10 @@ class LinearFamily(Family):
              "full-path launches of one K chunk take this tile with 8 warps, as persistent programs (one per SM, "
              "with TMA): fewer bytes from L2 per output than 128x128; \"same\" keeps FULL_BLOCK_M x FULL_BLOCK_N"),
         Knob("FULL_UNSPLIT_NUM_STAGES", (3, 4), "full", "pipelining depth with FULL_UNSPLIT_TILE"),
-        Knob("FULL_CHUNKED_WIDE", (False, True), "full",
+        Knob("FULL_CHUNKED_WIDE", ("off", "on", "auto"), "full",
              "persistent full-path launches of several K chunks (FULL_PERSISTENT_MAX_CHUNKS) take FULL_UNSPLIT_TILE "
-             "too, the chunk total in registers beside the accumulator (a small spill at 128x256)"),
+             "too, the chunk total in registers beside the accumulator (a small spill at 128x256); auto: only "
+             "where the wide tiles take no more rounds of equal work over the SMs than the narrow ones"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
         Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
              "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "

@@ -61,7 +61,7 @@ KNOBS = {
     "FULL_PERSISTENT_MAX_CHUNKS": 2,
     "FULL_UNSPLIT_TILE": "128x256",
     "FULL_UNSPLIT_NUM_STAGES": 4,
-    "FULL_CHUNKED_WIDE": False,
+    "FULL_CHUNKED_WIDE": "auto",
 }
 
 
@@ -392,9 +392,13 @@ def _schedule(M, N, K, path, sms=132, write32=False, tma=True):
     # Only with TMA: the pointer kernel (transposed operands of the backward) is neither persistent nor stores
     # in halves, and a 128x256 tile of it would not fit in shared memory.
     # With FULL_CHUNKED_WIDE, persistent (tile, chunk) items take it too, their chunk total beside the
-    # accumulator (sm_90a: a 92-byte spill at 128x256).
-    items = (path == "FULL" and n_chunks > 1 and KNOBS["FULL_CHUNKED_WIDE"] and not parallel
+    # accumulator (sm_90a: an 88-byte spill at 128x256); "auto" only where the wide tiles cost the SMs no more
+    # rounds of equal work than twice as many narrow ones (o at M 4096: 3 rounds of 2 against 5 of 1).
+    items = (path == "FULL" and n_chunks > 1 and KNOBS["FULL_CHUNKED_WIDE"] != "off" and not parallel
              and n_chunks <= KNOBS["FULL_PERSISTENT_MAX_CHUNKS"] and K % k_chunk == 0)
+    if items and KNOBS["FULL_CHUNKED_WIDE"] == "auto":
+        narrow = triton.cdiv(M, sch["bm"]) * triton.cdiv(N, sch["bn"])
+        items = 2 * triton.cdiv(triton.cdiv(narrow, 2), sms) <= triton.cdiv(narrow, sms)
     wide = path == "FULL" and (n_chunks == 1 or items) and KNOBS["FULL_UNSPLIT_TILE"] != "same" and tma
     if wide:
         bm, bn = (int(v) for v in KNOBS["FULL_UNSPLIT_TILE"].split("x"))

@@ -41,7 +41,7 @@ def test_root_passes_all_cases():
     # where the K 1088 case splits at 544 and keeps 32x32.
     {"FULL_UNSPLIT_TILE": "same"},
     # Persistent (tile, chunk) items in the wide tile too, the chunk total in registers.
-    {"FULL_CHUNKED_WIDE": True, "FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32,
+    {"FULL_CHUNKED_WIDE": "on", "FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32,
      "K_CHUNK": 544, "DECODE_SPLIT_PARALLEL": False},
     {"FULL_UNSPLIT_TILE": "256x128", "K_CHUNK": 544, "BLOCK_K": 32, "K_CHUNK_MIN_K": 1024, "FULL_BLOCK_M": 32,
      "FULL_BLOCK_N": 32},
@@ -190,8 +190,8 @@ def test_persistent_chunks_take_only_short_splits():
 
 def test_unsplit_tile_takes_only_one_chunk_full_launches():
     # qkv and gate_up (K 2560) are unsplit: 128x256, 8 warps, persistent one per SM (not the short-K two);
-    # o (K 4096 in two chunks) keeps 128x128 and decode never sees the knob.
-    sch = load("ut", FULL_UNSPLIT_TILE="128x256", FULL_UNSPLIT_NUM_STAGES=4)._schedule
+    # o (K 4096 in two chunks) keeps 128x128 without FULL_CHUNKED_WIDE, and decode never sees the knob.
+    sch = load("ut", FULL_UNSPLIT_TILE="128x256", FULL_UNSPLIT_NUM_STAGES=4, FULL_CHUNKED_WIDE="off")._schedule
     qkv, o = sch(16384, 6144, 2560, "FULL"), sch(16384, 2560, 4096, "FULL")
     assert (qkv["bm"], qkv["bn"], qkv["warps"], qkv["stages"], qkv["persistent_per_sm"]) == (128, 256, 8, 4, 1)
     assert sch(16384, 6144, 2560, "FULL", write32=True)["stages"] == 3  # the fp32 output's staging fits beside 3
@@ -199,8 +199,12 @@ def test_unsplit_tile_takes_only_one_chunk_full_launches():
     assert sch(256, 6144, 2560, "DECODE")["bn"] <= 128
     assert sch(16384, 6144, 2560, "FULL", tma=False)["bn"] == 128  # the pointer kernel (backward) keeps 128x128
     assert load("same", FULL_UNSPLIT_TILE="same")._schedule(16384, 6144, 2560, "FULL")["bn"] == 128
-    cw = load("cw", FULL_CHUNKED_WIDE=True)._schedule
+    cw = load("cw", FULL_CHUNKED_WIDE="on")._schedule
     assert (cw(16384, 2560, 4096, "FULL")["bn"], cw(16384, 2560, 9728, "FULL")["bn"]) == (256, 128)  # o; down: flat
+    # The root's "auto": o at M 16384 is 1280 wide tiles, 10 rounds on 132 SMs against 20 of 2560 narrow ones;
+    # at M 4096, 3 rounds of 320 against 5 of 640: narrow.
+    assert [load()._schedule(m, 2560, 4096, "FULL")["bn"] for m in (4096, 16384)] == [128, 256]
+    assert load("off", FULL_CHUNKED_WIDE="off")._schedule(16384, 2560, 4096, "FULL")["bn"] == 128
 
 
 def test_decode_stages_fit_the_launch_in_fewest_waves():
