@@ -357,6 +357,9 @@ def _auto_tiles(M, N, K, bm, k_chunk, n_chunks, may_split, max_tiles, sms):
     return bn, parallel
 
 
+# A 128x256 (tile, chunk) item's time over that of the two 128x128 items it replaces (H200, o at M 16384:
+# 1.22-1.26x cuBLAS -> 1.12-1.18x).
+WIDE_PAIR_COST = 0.93
 SMEM_PER_SM = 233472  # bytes of shared memory per SM (H100/H200); each resident program also reserves 1 KB
 MAX_DECODE_STAGES = 6
 
@@ -392,13 +395,14 @@ def _schedule(M, N, K, path, sms=132, write32=False, tma=True):
     # Only with TMA: the pointer kernel (transposed operands of the backward) is neither persistent nor stores
     # in halves, and a 128x256 tile of it would not fit in shared memory.
     # With FULL_CHUNKED_WIDE, persistent (tile, chunk) items take it too, their chunk total beside the
-    # accumulator (sm_90a: an 88-byte spill at 128x256); "auto" only where the wide tiles cost the SMs no more
-    # rounds of equal work than twice as many narrow ones (o at M 4096: 3 rounds of 2 against 5 of 1).
+    # accumulator (sm_90a: an 88-byte spill at 128x256); "auto" only where the wide tiles' rounds over the SMs,
+    # each costing 2 * WIDE_PAIR_COST narrow rounds, take no longer than the narrow tiles' (o at M 4096:
+    # 3 rounds of 1.86 against 5 of 1, narrow; at M 16384: 10 of 1.86 against 20, wide).
     items = (path == "FULL" and n_chunks > 1 and KNOBS["FULL_CHUNKED_WIDE"] != "off" and not parallel
              and n_chunks <= KNOBS["FULL_PERSISTENT_MAX_CHUNKS"] and K % k_chunk == 0)
     if items and KNOBS["FULL_CHUNKED_WIDE"] == "auto":
         narrow = triton.cdiv(M, sch["bm"]) * triton.cdiv(N, sch["bn"])
-        items = 2 * triton.cdiv(triton.cdiv(narrow, 2), sms) <= triton.cdiv(narrow, sms)
+        items = 2 * WIDE_PAIR_COST * triton.cdiv(triton.cdiv(narrow, 2), sms) <= triton.cdiv(narrow, sms)
     wide = path == "FULL" and (n_chunks == 1 or items) and KNOBS["FULL_UNSPLIT_TILE"] != "same" and tma
     if wide:
         bm, bn = (int(v) for v in KNOBS["FULL_UNSPLIT_TILE"].split("x"))
