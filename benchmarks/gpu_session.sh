@@ -110,8 +110,9 @@ while [ $# -gt 0 ]; do
     linear_variants) v=$1; shift  # linear decode variants vs cuBLAS, each bit-checked against the full path
       timeout 230 python3 benchmarks/ops_matmul_gpu.py --linear-variants "$v" --budget-s 170 --linear-full-ms 4096 16384 \
         --out "$OUT/linear_$(basename "$v" .json).json" 2>&1 | tail -45 ;;
-    linear_full_ab) v=$1; shift  # full-path variants vs cuBLAS, interleaved over 5 repeats (median per cell)
+    linear_full_ab) v=$1; shift  # full-path variants vs cuBLAS, interleaved over 5 repeats (median per cell; LINEAR_AB_MS="4096 16384")
       timeout 300 python3 benchmarks/ops_matmul_gpu.py --linear-full-ab "$v" --repeats ${LINEAR_AB_REPEATS:-5} --budget-s 240 \
+        ${LINEAR_AB_MS:+--full-ab-ms $LINEAR_AB_MS} \
         --out "$OUT/linear_ab_$(basename "$v" .json).json" 2>&1 | grep -v "^linear  " | tail -20 ;;
     matmul) f=$1; shift  # the matmul suite for some of linear,logprob,moe_routing, without torch.compile
       timeout 300 python3 benchmarks/ops_matmul_gpu.py --families "$f" --compile-logprob --compile-routing \

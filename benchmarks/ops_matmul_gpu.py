@@ -616,6 +616,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-routing", type=int, nargs="*", default=[32768], help="token counts to torch.compile")
     ap.add_argument("--linear-variants", type=Path, default=None,
                     help="JSON {name: knob changes}: time only these linear decode variants (bits checked first)")
+    ap.add_argument("--full-ab-ms", type=int, nargs="+", default=[4096, 16384],
+                    help="rows of the full-path A/B's cells (--linear-full-ab)")
     ap.add_argument("--linear-full-ms", type=int, nargs="*", default=[4096],
                     help="rows of the full-path launches timed for each variant's full-path knobs")
     ap.add_argument("--linear-full-ab", type=Path, default=None,
@@ -636,7 +638,8 @@ def main(argv=None) -> int:
     print(RESULTS["env"], flush=True)
     if args.linear_full_ab:
         RESULTS["env"]["linear_full_ab"] = str(args.linear_full_ab)
-        bench_linear_full_ab(json.loads(args.linear_full_ab.read_text()), repeats=args.repeats)
+        bench_linear_full_ab(json.loads(args.linear_full_ab.read_text()), full_ms=tuple(args.full_ab_ms),
+                             repeats=args.repeats)
     elif args.linear_variants:
         RESULTS["env"]["linear_variants"] = str(args.linear_variants)
         bench_linear_variants(json.loads(args.linear_variants.read_text()), full_ms=tuple(args.linear_full_ms))
