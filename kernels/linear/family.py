@@ -35,6 +35,10 @@ class LinearFamily(Family):
         Knob("K_CHUNK_SHORT", (0, 1024, 2048), "contract",
              "chunk width for weights of K_CHUNK_MIN_K <= K <= K_CHUNK, which K_CHUNK leaves whole (0: keep them "
              "whole): decode of a short-K, narrow-N weight gets parallel programs; a weight property, never M"),
+        Knob("K_CHUNK_EQUAL", (False, True), "contract",
+             "split a weight's K into equal chunks of whole BLOCK_K steps (the fewest, up to twice as many, no "
+             "wider than K_CHUNK / K_CHUNK_SHORT) instead of K_CHUNK-wide chunks and a remainder: K 9728 in four "
+             "of 2432, which the full path's persistent (tile, chunk) items can take; a weight property, never M"),
         Knob("FULL_BLOCK_M", (64, 128, 256), "full", "output rows per tile in the full path"),
         Knob("FULL_BLOCK_N", (64, 128, 256), "full", "output columns per tile in the full path"),
         Knob("FULL_GROUP_M", (1, 4, 8, 16), "full", "row-tile grouping for L2 reuse of W in the full path"),
@@ -109,7 +113,7 @@ class LinearFamily(Family):
                             "to stream W at full bandwidth: cut K into fixed chunks (same absolute boundaries for "
                             "every M), run them as parallel programs in decode and merge in ascending order; the "
                             "full path reproduces the chunks in-program (joint)",
-                            knobs=("K_CHUNK", "K_CHUNK_MIN_K", "K_CHUNK_SHORT", "DECODE_SPLIT_PARALLEL",
+                            knobs=("K_CHUNK", "K_CHUNK_MIN_K", "K_CHUNK_SHORT", "K_CHUNK_EQUAL", "DECODE_SPLIT_PARALLEL",
                                    "DECODE_SPLIT_MAX_M", "DECODE_SPLIT_MAX_TILES", "FULL_CHUNK_LOOP")),
             OpportunitySpec("decode_row_mask", "Pointer-path decode wraps rows past M onto valid rows; at M = 1 every "
                             "row of the A tile is the same address, which ran 2x slower than the zero-filling TMA path "

@@ -62,6 +62,7 @@ KNOBS = {
     "FULL_UNSPLIT_TILE": "128x256",
     "FULL_UNSPLIT_NUM_STAGES": 4,
     "FULL_CHUNKED_WIDE": "auto",
+    "K_CHUNK_EQUAL": False,
 }
 
 
@@ -337,9 +338,17 @@ def _k_chunk(K):
     # Contract: the K split depends on the weight's K only (never on the rows); short reductions stay whole.
     if not KNOBS["K_CHUNK"] or KNOBS["K_CHUNK_MIN_K"] > K:
         return 0
+    width = KNOBS["K_CHUNK"]
     if KNOBS["K_CHUNK"] >= K and KNOBS["K_CHUNK_SHORT"]:
-        return KNOBS["K_CHUNK_SHORT"]  # weights K_CHUNK would leave whole get narrower chunks of their own
-    return KNOBS["K_CHUNK"]
+        width = KNOBS["K_CHUNK_SHORT"]  # weights K_CHUNK would leave whole get narrower chunks of their own
+    if KNOBS["K_CHUNK_EQUAL"] and width < K and K % KNOBS["BLOCK_K"] == 0:
+        # Equal chunks of whole K steps, the fewest (up to twice the count) no wider than `width`: K 9728 in
+        # four of 2432 rather than 4096 + 4096 + 1536, so the persistent (tile, chunk) items can take it.
+        steps, least = K // KNOBS["BLOCK_K"], -(-K // width)
+        for n in range(least, 2 * least + 1):
+            if steps % n == 0:
+                return K // n
+    return width
 
 
 def _auto_tiles(M, N, K, bm, k_chunk, n_chunks, may_split, max_tiles, sms):

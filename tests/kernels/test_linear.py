@@ -40,6 +40,9 @@ def test_root_passes_all_cases():
     # Unsplit full-path launches in 128x128 tiles (the root takes 128x256), or in one persistent 256x128 tile,
     # where the K 1088 case splits at 544 and keeps 32x32.
     {"FULL_UNSPLIT_TILE": "same"},
+    # Equal chunks: k = 1088 (34 steps of 32) in two of 544 instead of 1024 + 64, run as persistent items.
+    {"K_CHUNK": 1024, "K_CHUNK_EQUAL": True, "BLOCK_K": 32, "FULL_PERSISTENT": "all", "FULL_BLOCK_M": 32,
+     "FULL_BLOCK_N": 32, "DECODE_SPLIT_PARALLEL": True},
     # Persistent (tile, chunk) items in the wide tile too, the chunk total in registers.
     {"FULL_CHUNKED_WIDE": "on", "FULL_PERSISTENT": "all", "FULL_PERSISTENT_MAX_CHUNKS": 2, "BLOCK_K": 32,
      "K_CHUNK": 544, "DECODE_SPLIT_PARALLEL": False},
@@ -173,6 +176,19 @@ def test_short_chunks_follow_the_weight_only():
     assert [impl._k_chunk(k) for k in (2560, 4096, 9728)] == [0, 2048, 4096]
     for m in (1, 64, 256, 4096):  # the rows never change it
         assert impl._schedule(m, 2560, 4096, "DECODE")["k_chunk"] == impl._schedule(m, 2560, 4096, "FULL")["k_chunk"]
+
+
+def test_equal_chunks_follow_the_weight_only():
+    # K 9728 (152 steps of 64) splits into four equal chunks, llama's 14336 into four of 3584; o keeps its two
+    # 2048-column chunks and the K 2560 weights stay whole. With four items a tile, the down projection's full
+    # path runs the persistent loop.
+    impl = load("eq", K_CHUNK=4096, K_CHUNK_MIN_K=4096, K_CHUNK_SHORT=2048, K_CHUNK_EQUAL=True,
+                FULL_PERSISTENT_MAX_CHUNKS=4)
+    assert [impl._k_chunk(k) for k in (2560, 4096, 9728, 14336)] == [0, 2048, 2432, 3584]
+    assert impl._schedule(6144, 2560, 9728, "FULL")["persistent_per_sm"] == 1
+    assert load("ne", K_CHUNK=4096, K_CHUNK_MIN_K=4096)._k_chunk(9728) == 4096
+    # No equal split within twice the chunk count (17 steps of 64: prime) keeps the plain width.
+    assert load("eq17", K_CHUNK=512, K_CHUNK_EQUAL=True)._k_chunk(1088) == 512
 
 
 def test_persistent_chunks_take_only_short_splits():
