@@ -157,11 +157,14 @@ LINEAR_DECODE = {"root": {}, "no_full_tiles": {"DECODE_FULL_TILES_M": 0}, "point
 K_CHUNKS = (0, 4096)  # 0: no K split (set explicitly; the root splits at 4096)
 
 
-def _linear_decode_vs_full(impl, x, w, bias, yf, yf32, ms=(1, 2, 3, 7, 16, 33, 64, 100, 128, 255, 256)):
-    """Mismatches (bf16, fp32) of decode launches of M rows at scattered positions against a full pass's rows."""
+def _linear_decode_vs_full(impl, x, w, bias, yf, yf32, ms=(1, 2, 3, 7, 16, 33, 64, 100, 128, 255, 256), last=0):
+    """Mismatches (bf16, fp32) of decode launches of M rows at scattered positions against a full pass's rows
+    (and of the `last` rows at the end, where a split full launch puts its second range)."""
     n, bad16, bad32 = w.shape[0], 0, 0
-    for m in ms:
+    for m in ms + ((last,) if last else ()):
         rows = torch.randperm(x.shape[0], device="cuda")[:m].sort().values
+        if m == last:
+            rows = torch.arange(x.shape[0] - last, x.shape[0], device="cuda")
         yd = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
         yd32 = torch.empty((m, n), dtype=torch.float32, device="cuda")
         impl.linear_decode(x[rows].contiguous(), w, bias, yd, yd32)
@@ -398,6 +401,18 @@ def bench_linear_full_ab(variants: dict, full_ms=(4096, 16384), repeats: int = 5
             print(f"{v}: dropped ({type(e).__name__})", flush=True)
             del impls[v]
     names = list(impls)
+    for v in names:  # each variant's full pass of every cell against its own decode rows, the last 256 included
+        bad = [0, 0]
+        for _, sets, y in cells:
+            x, w = sets[0]
+            yf, yf32 = torch.empty_like(y), torch.empty(y.shape, dtype=torch.float32, device="cuda")
+            impls[v].linear_full(x, w, None, yf, yf32)
+            for i, b in enumerate(_linear_decode_vs_full(impls[v], x, w, None, yf, yf32, ms=(1, 64, 256), last=256)):
+                bad[i] += b
+        RESULTS["consistency"].append({"family": "linear", "impl": f"full_ab:{v}", "cells": [c[0] for c in cells],
+                                       "decode_vs_full_bf16_mismatches": bad[0],
+                                       "decode_vs_full_fp32_mismatches": bad[1]})
+        print(f"{v}: decode rows vs full passes of the A/B cells: {bad[0]} bf16, {bad[1]} fp32 mismatches", flush=True)
     for r in range(repeats):
         order = names[r % len(names):] + names[:r % len(names)]
         for wl, sets, y in cells:
