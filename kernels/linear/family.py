@@ -65,10 +65,6 @@ class LinearFamily(Family):
              "persistent full-path launches of several K chunks (FULL_PERSISTENT_MAX_CHUNKS) take FULL_UNSPLIT_TILE "
              "too, the chunk total in registers beside the accumulator (a small spill at 128x256); auto: only "
              "where the wide tiles take no more rounds of equal work over the SMs than the narrow ones"),
-        Knob("FULL_TAIL_SPLIT", ("off", "auto"), "full",
-             "auto: a full-path launch whose tiles leave a last round of the SMs partly idle runs as two launches "
-             "over row ranges: whole rounds of tiles, then the remaining rows in half-height tiles in one round, "
-             "where that is estimated shorter (down at M 6144: 7.3 rounds of 128x128 tiles, 7.6 split)"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
         Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
              "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "
@@ -142,10 +138,6 @@ class LinearFamily(Family):
                             "GB with 192x192 tiles, H200): a 128x256 or 256x128 tile as a persistent program reads a "
                             "quarter fewer bytes per output", paths=("full",),
                             knobs=("FULL_UNSPLIT_TILE", "FULL_UNSPLIT_NUM_STAGES", "FULL_CHUNKED_WIDE", "FULL_GROUP_M")),
-            OpportunitySpec("full_tail_round", "Full-path launches whose tiles are a few more than whole rounds of "
-                            "the SMs pay a whole round for them (down at M 6144: 960 128x128 tiles, 7.3 rounds of "
-                            "132, 1.29-1.32x cuBLAS on the H200): run those rows in smaller tiles",
-                            paths=("full",), knobs=("FULL_TAIL_SPLIT", "FULL_BLOCK_M", "FULL_BLOCK_N")),
             OpportunitySpec("full_l2_grouping", "Group row tiles so W tiles are reused from L2", paths=("full",),
                             knobs=("FULL_GROUP_M",)),
             OpportunitySpec("decode_tile", "Decode is memory-bound on W: narrow tiles to put more programs on the "

@@ -63,7 +63,6 @@ KNOBS = {
     "FULL_UNSPLIT_NUM_STAGES": 4,
     "FULL_CHUNKED_WIDE": "auto",
     "K_CHUNK_EQUAL": False,
-    "FULL_TAIL_SPLIT": "off",
 }
 
 
@@ -374,29 +373,6 @@ SMEM_PER_SM = 233472  # bytes of shared memory per SM (H100/H200); each resident
 MAX_DECODE_STAGES = 6
 
 
-# A half-height tile's time over a full tile's, with the second launch's gap (schedule only).
-TAIL_TILE_COST = 0.65
-
-
-def _tail_rows(M, N, sch, sms):
-    """FULL_TAIL_SPLIT "auto": rows of a full-path launch that run first, in whole rounds of tiles over the SMs,
-    the rest in a second launch of half-height tiles taking at most one round; 0 for no split (schedule only:
-    rows are independent and the dot's bits do not follow the tile). Down at M 6144 in 128x128 tiles: 960 tiles
-    are 7.3 rounds of 132, so 8; 46 tile rows in 7 rounds, then 2 rows in 80 64-row tiles."""
-    bm, bn = sch["bm"], sch["bn"]
-    per_sm = sch["persistent_per_sm"] or max(1, SMEM_PER_SM // (sch["stages"] * (bm + bn) * KNOBS["BLOCK_K"] * 2
-                                                                  + 1024))
-    slots, tn = sms * per_sm, triton.cdiv(N, bn)
-    tiles = triton.cdiv(M, bm) * tn
-    rounds = tiles // slots
-    if bm < 32 or rounds == 0 or tiles % slots == 0:
-        return 0
-    main = rounds * slots // tn * bm
-    tail = triton.cdiv(M - main, bm // 2) * tn
-    cost = triton.cdiv(main // bm * tn, slots) + TAIL_TILE_COST * triton.cdiv(tail, slots)
-    return main if 0 < main < M and cost < triton.cdiv(tiles, slots) else 0
-
-
 def _fit_stages(tiles, bm, bn, unroll, sms):
     """DECODE_NUM_STAGES = 0: the deepest pipeline (<= MAX_DECODE_STAGES) among those whose programs fit on the
     SMs in the fewest waves (shared memory decides how many 4-warp programs an SM holds; schedule only)."""
@@ -480,20 +456,6 @@ def _launch(x, weight, bias, out, out32, path):
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
     use_tma = KNOBS[path + "_USE_TMA"] and _tma_ok(x, weight)
     sch = _schedule(M, N, K, path, sms, out32 is not None, use_tma)
-    split = _tail_rows(M, N, sch, sms) if path == "FULL" and use_tma and KNOBS["FULL_TAIL_SPLIT"] == "auto" else 0
-    if not split:
-        _run(x, weight, bias, out, out32, sch, use_tma, sms)
-        return
-    # Row ranges in two launches (each row's bits are its own): whole rounds first, then half-height tiles.
-    _run(x[:split], weight, bias, out[:split], None if out32 is None else out32[:split], sch, use_tma, sms)
-    _run(x[split:], weight, bias, out[split:], None if out32 is None else out32[split:],
-         {**sch, "bm": sch["bm"] // 2}, use_tma, sms)
-
-
-def _run(x, weight, bias, out, out32, sch, use_tma, sms):
-    """One launch (or a chunk launch and its merge) of the schedule `sch`."""
-    M, K = x.shape
-    N = weight.shape[0]
     block_k, k_chunk, bm, bn = KNOBS["BLOCK_K"], sch["k_chunk"], sch["bm"], sch["bn"]
     has_bias, write32 = bias is not None, out32 is not None
     b = bias if has_bias else out

@@ -223,39 +223,6 @@ def test_unsplit_tile_takes_only_one_chunk_full_launches():
     assert load("off", FULL_CHUNKED_WIDE="off")._schedule(16384, 2560, 4096, "FULL")["bn"] == 128
 
 
-def test_tail_split_takes_whole_rounds_then_half_tiles():
-    # Down (K 9728, flat 128x128, one program per SM) at M 6144: 960 tiles are 7.3 rounds of 132; 46 tile rows
-    # (920 tiles) in 7 rounds, then 2 rows in 80 64-row tiles. At M 4096 (4.85 rounds) the tail is too big to halve
-    # into one round; o's wide tiles at M 16384 (9.7 rounds) likewise. qkv's persistent wide tiles at M 16384:
-    # 3072 tiles, 23.3 rounds -> 126 tile rows in 23, 2 rows of 64x256 in one.
-    impl = load("tail", FULL_TAIL_SPLIT="auto")
-
-    def rows(m, n, k):
-        return impl._tail_rows(m, n, impl._schedule(m, n, k, "FULL"), 132)
-    assert rows(6144, 2560, 9728) == 46 * 128
-    assert rows(4096, 2560, 9728) == 0 and rows(16384, 2560, 4096) == 0
-    assert rows(16384, 6144, 2560) == 126 * 128
-    assert rows(132 * 128, 128, 9728) == 0  # whole rounds already
-
-
-@pytest.mark.parametrize("knobs", [
-    {"FULL_TAIL_SPLIT": "auto", "FULL_UNSPLIT_TILE": "same", "FULL_PERSISTENT": "off", "FULL_BLOCK_M": 32,
-     "FULL_BLOCK_N": 32},
-    {"FULL_TAIL_SPLIT": "auto", "FULL_UNSPLIT_TILE": "same", "FULL_PERSISTENT": "all", "FULL_BLOCK_M": 32,
-     "FULL_BLOCK_N": 32, "K_CHUNK": 544, "BLOCK_K": 32, "FULL_PERSISTENT_MAX_CHUNKS": 2, "FULL_SHORT_K": 0},
-])
-def test_tail_split_keeps_the_bits(knobs):
-    # One program per "SM" (4 on the CPU): 37 rows x 96 in 32x32 tiles are 6 tiles, 1.5 rounds; 32 rows run in
-    # one round, the last 5 in 16-row tiles. Every case's rows must still match the decode path bit for bit.
-    impl = load("ts" + str(len(knobs)), **knobs)
-    impl.SMEM_PER_SM = 50000
-    launches = []
-    run = impl._run
-    impl._run = lambda x, *rest: (launches.append(x.shape[0]), run(x, *rest))[1]
-    assert failures(impl) == []
-    assert 5 in launches and 32 in launches  # the 37-row cases did split
-
-
 def test_decode_stages_fit_the_launch_in_fewest_waves():
     # DECODE_NUM_STAGES 0: gate_up at 64 rows is 304 tiles of 64x64; 6 stages (96 KB) hold two programs an SM,
     # two waves on 132 SMs; 4 stages (64 KB) hold three, one wave. Launches that fit anyway keep 6.
