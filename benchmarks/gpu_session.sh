@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
-# model | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | model_moe | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -104,6 +104,9 @@ while [ $# -gt 0 ]; do
     model)
       timeout 150 python3 benchmarks/model_consistency_gpu.py ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
         --out "$OUT/model_consistency${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" 2>&1 | tail -15 ;;
+    model_moe)  # every family in a Qwen3-30B-A3B-shaped MoE decoder, batched rollout vs packed training (MOE_LAYERS)
+      timeout 420 python3 benchmarks/model_consistency_gpu.py --model moe --layers ${MOE_LAYERS:-4} --seeds 2 \
+        --out "$OUT/model_consistency_moe.json" 2>&1 | tail -15 ;;
     rowwise_sweep)
       timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
         --out "$OUT" 2>&1 | tail -30 ;;

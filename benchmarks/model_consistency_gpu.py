@@ -1,5 +1,9 @@
-"""Rollout vs training log-probs of a one-layer decoder built from the families' roots, on a GPU, at a
-realistic width. Writes JSON (mismatching log-prob bits per seed, max |difference|, environment).
+"""Rollout vs training log-probs of a model built from the families' roots, on a GPU, at a realistic width.
+Writes JSON (mismatching log-prob bits per seed, max |difference|, environment).
+
+--model dense (default): the one-layer decoder (kernels/decoder.py), one sequence.
+--model moe: a Qwen3-30B-A3B-shaped MoE decoder of --layers layers (kernels/moe_decoder.py: every family),
+several sequences of different prompt and answer lengths, packed for training, decoded as one batch.
 
     PYTHONPATH=$PWD python3 benchmarks/model_consistency_gpu.py --out results/model/consistency.json
 
@@ -11,25 +15,47 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import time
 from pathlib import Path
 
 import torch
 import triton
 
-from kernels.decoder import Shape, TinyDecoder, roots, with_sets
+from kernels.decoder import FAMILIES, Shape, TinyDecoder, roots, with_sets
+from kernels.moe_decoder import FAMILIES as MOE_FAMILIES
+from kernels.moe_decoder import MoEDecoder, MoEShape
+
+# Prompt and answer lengths of the MoE run's sequences (not multiples of any block or page).
+MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", default="model_consistency.json")
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--prompt", type=int, default=500)
-    ap.add_argument("--answer", type=int, default=64)
-    ap.add_argument("--attention-set", default="",
-                    help="attention as this named set (kernels/attention/bench.py) instead of its root; needs the "
-                         "engine's packages (omegaconf)")
-    args = ap.parse_args(argv)
-    impls = with_sets({"attention": args.attention_set}, "--attention-set") if args.attention_set else roots()
+def moe_runs(args, impls) -> tuple[dict, list[dict]]:
+    shape = MoEShape(vocab=151936, hidden=2048, layers=args.layers, q_heads=32, kv_heads=4, head_dim=128,
+                     experts=128, top_k=8, intermediate=768, page_size=16,
+                     max_pos=max(p + a for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)))
+    rows = []
+    for seed in range(args.seeds):
+        for temperature in (1.0, 0.7):
+            m = MoEDecoder(shape, seed, "cuda", impls=impls, temperature=temperature)
+            g = torch.Generator().manual_seed(100 + seed)
+            seqs = [torch.randint(0, shape.vocab, (p + a,), generator=g).to("cuda", torch.int32)
+                    for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
+            t0 = time.time()
+            train = torch.cat(m.training_logprobs(seqs, list(MOE_PROMPTS)))
+            t1 = time.time()
+            rollout = torch.cat(m.rollout_logprobs(seqs, list(MOE_PROMPTS)))
+            torch.cuda.synchronize()
+            rows.append({"seed": seed, "temperature": temperature, "sequences": len(seqs),
+                         "answer_tokens": int(train.numel()), "expert_rows": m.expert_rows,
+                         "mismatching_logprobs": int((train.view(torch.int32) != rollout.view(torch.int32)).sum()),
+                         "max_abs_diff": float((train - rollout).abs().max()),
+                         "mean_logprob": float(train.mean()), "training_s": round(t1 - t0, 2),
+                         "rollout_s": round(time.time() - t1, 2)})
+            print(rows[-1], flush=True)
+    return {**shape.__dict__, "prompts": MOE_PROMPTS, "answers": MOE_ANSWERS}, rows
+
+
+def dense_runs(args, impls) -> tuple[dict, list[dict]]:
     shape = Shape(vocab=32768, hidden=2048, q_heads=16, kv_heads=4, head_dim=128, intermediate=4096,
                   max_pos=args.prompt + args.answer + 1)
     rows = []
@@ -45,9 +71,32 @@ def main(argv: list[str] | None = None) -> int:
                          "mismatching_logprobs": int((train.view(torch.int32) != rollout.view(torch.int32)).sum()),
                          "max_abs_diff": float((train - rollout).abs().max())})
             print(rows[-1], flush=True)
+    return shape.__dict__, rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="model_consistency.json")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--prompt", type=int, default=500)
+    ap.add_argument("--answer", type=int, default=64)
+    ap.add_argument("--model", choices=("dense", "moe"), default="dense")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the MoE model")
+    ap.add_argument("--attention-set", default="",
+                    help="attention as this named set (kernels/attention/bench.py) instead of its root; needs the "
+                         "engine's packages (omegaconf)")
+    args = ap.parse_args(argv)
+    families = MOE_FAMILIES if args.model == "moe" else FAMILIES
+    impls = (with_sets({"attention": args.attention_set}, "--attention-set", families) if args.attention_set
+             else roots(families))
+    if args.model == "moe":
+        shape_info, rows = moe_runs(args, impls)
+    else:
+        shape_info, rows = dense_runs(args, impls)
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-              "shape": shape.__dict__, "prompt": args.prompt, "attention_set": args.attention_set or "root",
+              "model": args.model, "shape": shape_info,
+              "prompt": args.prompt if args.model == "dense" else None, "attention_set": args.attention_set or "root",
               "attention_knobs": getattr(impls["attention"], "KNOBS", {}), "runs": rows,
               "all_bit_exact": all(r["mismatching_logprobs"] == 0 for r in rows)}
     Path(args.out).write_text(json.dumps(result, indent=1))

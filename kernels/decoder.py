@@ -34,21 +34,22 @@ class Shape:
     theta: float = 1e6
 
 
-def roots() -> dict[str, ModuleType]:
-    return {f: importlib.import_module(f"kernels.{f}.root") for f in FAMILIES}
+def roots(families: tuple[str, ...] = FAMILIES) -> dict[str, ModuleType]:
+    return {f: importlib.import_module(f"kernels.{f}.root") for f in families}
 
 
-def with_sets(sets: dict[str, str], where: str = "decoder") -> dict[str, ModuleType]:
+def with_sets(sets: dict[str, str], where: str = "decoder",
+              families: tuple[str, ...] = FAMILIES) -> dict[str, ModuleType]:
     """The roots, with each family named in `sets` loaded as that named knob set instead (e.g. {"attention":
     "hopper_bn128_tma_s512"}); a family or set name that does not exist is refused naming both."""
     from tik_evo.candidate import load_source
     from tik_evo.families import load_family
     from tik_evo.initialization import knob_changes, source_with
 
-    impls = roots()
+    impls = roots(families)
     for family, name in sets.items():
         if family not in impls:
-            raise ValueError(f"{where}: {family!r} is not a family of the decoder ({', '.join(FAMILIES)})")
+            raise ValueError(f"{where}: {family!r} is not a family of the decoder ({', '.join(families)})")
         fam = load_family(family)
         changes = knob_changes(fam, name, {}, where, keys=(f"{family} set", f"{family} knobs"))
         impls[family] = load_source(source_with(fam, changes), f"{family}_{name}")

@@ -1,0 +1,232 @@
+"""A Qwen3-style decoder of several layers (MoE or dense MLP) built from every family's unified kernels: the
+whole-model claim under batched rollouts. Several sequences of different prompt and answer lengths are
+prefilled together (packed), then decoded together one token per sequence per step from a paged KV cache, the
+batch shrinking as sequences finish; training packs the same sequences into one full-sequence forward. Every
+log-prob the rollout records must equal the trainer's bit for bit, although each kernel sees different row
+counts in the two (the linear layers of an expert, for one, get whichever tokens the router sent there).
+
+Layer (Qwen3 / Qwen3-MoE): RMSNorm (first layer) or fused residual add + RMSNorm → QKV linear → per-head QK
+RMSNorm → NeoX RoPE → (rollout: KV-cache append) → causal GQA attention → O linear → fused add + RMSNorm →
+MLP (gate and up linear → SiLU-and-mul → down linear) or MoE (router linear → softmax top-k routing with
+renormalisation → one MLP per expert over the tokens routed to it → slot-order weighted sum); after the last
+layer a fused add + final RMSNorm → lm_head linear → log-prob. Glue is torch indexing and copies (exact) and the
+MoE combine: fp32 multiply then add per slot in slot order, element-wise, so the same for any batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from kernels.decoder import EPS, _heads_first, roots
+
+FAMILIES = ("embedding", "rmsnorm", "add_rmsnorm", "qk_rmsnorm", "linear", "rope", "kv_append", "attention",
+            "silu_mul", "moe_routing", "logprob")
+
+
+@dataclass
+class MoEShape:
+    vocab: int = 512
+    hidden: int = 128
+    layers: int = 2
+    q_heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    experts: int = 8  # 0: a dense MLP
+    top_k: int = 2
+    intermediate: int = 64  # of each expert (or of the dense MLP)
+    max_pos: int = 64
+    page_size: int = 16
+    theta: float = 1e6
+
+
+class MoEDecoder:
+    def __init__(self, shape: MoEShape, seed: int, device: str, impls: dict[str, ModuleType] | None = None,
+                 temperature: float = 1.0):
+        from kernels.rope.family import rope_table
+
+        if shape.experts and not 0 < shape.top_k <= shape.experts:
+            raise ValueError(f"MoEShape: top_k {shape.top_k} must be in 1..experts ({shape.experts})")
+        if shape.q_heads % shape.kv_heads:
+            raise ValueError(f"MoEShape: q_heads {shape.q_heads} is not a multiple of kv_heads {shape.kv_heads}")
+        self.s, self.device, self.temperature = shape, device, temperature
+        self.k = impls or roots(FAMILIES)
+        g = torch.Generator(device).manual_seed(seed)
+
+        def w(*dims: int, scale: float = 1.0) -> torch.Tensor:
+            return (torch.randn(dims, generator=g, device=device) * (scale / math.sqrt(dims[-1]))).to(torch.bfloat16)
+
+        def gain(n: int) -> torch.Tensor:
+            return (1 + 0.1 * torch.randn(n, generator=g, device=device)).to(torch.bfloat16)
+
+        s, n_layers = shape, range(shape.layers)
+        self.embed = torch.randn((s.vocab, s.hidden), generator=g, device=device).to(torch.bfloat16)
+        self.norm_in, self.norm_post = [gain(s.hidden) for _ in n_layers], [gain(s.hidden) for _ in n_layers]
+        self.norm_f = gain(s.hidden)
+        self.q_norm, self.k_norm = [gain(s.head_dim) for _ in n_layers], [gain(s.head_dim) for _ in n_layers]
+        self.w_qkv = [w((s.q_heads + 2 * s.kv_heads) * s.head_dim, s.hidden) for _ in n_layers]
+        self.w_o = [w(s.hidden, s.q_heads * s.head_dim) for _ in n_layers]
+        self.w_router = [w(s.experts, s.hidden, scale=4.0) for _ in n_layers] if s.experts else []
+        mlps = max(s.experts, 1)
+        self.w_gate = [[w(s.intermediate, s.hidden) for _ in range(mlps)] for _ in n_layers]
+        self.w_up = [[w(s.intermediate, s.hidden) for _ in range(mlps)] for _ in n_layers]
+        self.w_down = [[w(s.hidden, s.intermediate) for _ in range(mlps)] for _ in n_layers]
+        self.w_lm = w(s.vocab, s.hidden, scale=4.0)
+        self.cos, self.sin = rope_table(s.max_pos, s.head_dim, s.theta, None, device)
+        self.expert_rows = 0  # tokens routed, summed over layers and calls (a check that the MoE path ran)
+
+    # -- kernels, either path ------------------------------------------------------------------------------------
+    def _op(self, family: str, path: str, *args):
+        return getattr(self.k[family], f"{family}_{path}")(*args)
+
+    def _empty(self, *dims: int, dtype=torch.bfloat16) -> torch.Tensor:
+        return torch.empty(dims, device=self.device, dtype=dtype)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, path: str) -> torch.Tensor:
+        out = self._empty(x.shape[0], weight.shape[0])
+        self._op("linear", path, x, weight, None, out)
+        return out
+
+    def _add_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, path: str):
+        out, res = torch.empty_like(x), torch.empty_like(x)
+        self._op("add_rmsnorm", path, x, residual, weight, EPS, out, res)
+        return out, res
+
+    def _qkv(self, layer: int, x: torch.Tensor, positions: torch.Tensor, path: str):
+        s = self.s
+        qkv = self._linear(x, self.w_qkv[layer], path)
+        nq, nkv = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
+        q = qkv[:, :nq].reshape(-1, s.q_heads, s.head_dim).contiguous()
+        k = qkv[:, nq:nq + nkv].reshape(-1, s.kv_heads, s.head_dim).contiguous()
+        v = qkv[:, nq + nkv:].reshape(-1, s.kv_heads, s.head_dim).contiguous()
+        qn, kn = torch.empty_like(q), torch.empty_like(k)
+        self._op("qk_rmsnorm", path, q, k, self.q_norm[layer], self.k_norm[layer], EPS, qn, kn)
+        qr, kr = torch.empty_like(q), torch.empty_like(k)
+        self._op("rope", path, qn, kn, self.cos, self.sin, positions, qr, kr)
+        return qr, kr, v
+
+    def _ffn(self, layer: int, expert: int, x: torch.Tensor, path: str) -> torch.Tensor:
+        gate = self._linear(x, self.w_gate[layer][expert], path)
+        up = self._linear(x, self.w_up[layer][expert], path)
+        act = torch.empty_like(gate)
+        self._op("silu_mul", path, gate, up, act)
+        return self._linear(act, self.w_down[layer][expert], path)
+
+    def _mlp(self, layer: int, x: torch.Tensor, path: str) -> torch.Tensor:
+        s = self.s
+        if not s.experts:
+            return self._ffn(layer, 0, x, path)
+        weights, ids = self._empty(x.shape[0], s.top_k), self._empty(x.shape[0], s.top_k, dtype=torch.int32)
+        self._op("moe_routing", path, self._linear(x, self.w_router[layer], path), weights, ids)
+        per_slot = self._empty(x.shape[0], s.top_k, s.hidden)
+        for e in torch.unique(ids).tolist():
+            rows, slots = (ids == e).nonzero(as_tuple=True)
+            per_slot[rows, slots] = self._ffn(layer, e, x[rows].contiguous(), path)
+            self.expert_rows += rows.numel()
+        y = torch.zeros((x.shape[0], s.hidden), device=self.device, dtype=torch.float32)
+        for slot in range(s.top_k):
+            y = y + weights[:, slot:slot + 1].float() * per_slot[:, slot].float()
+        return y.to(torch.bfloat16)
+
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, path: str, attend) -> torch.Tensor:
+        """Logits of the rows `ids` at `positions`; attend(layer, q, k, v) -> [rows, q_heads * head_dim]."""
+        s = self.s
+        h = self._empty(ids.shape[0], s.hidden)
+        self._op("embedding", path, ids, self.embed, h)
+        x = torch.empty_like(h)
+        self._op("rmsnorm", path, h, self.norm_in[0], EPS, x)
+        residual = h
+        for layer in range(s.layers):
+            q, k, v = self._qkv(layer, x, positions, path)
+            x, residual = self._add_norm(self._linear(attend(layer, q, k, v), self.w_o[layer], path), residual,
+                                         self.norm_post[layer], path)
+            nxt = self.norm_in[layer + 1] if layer + 1 < s.layers else self.norm_f
+            x, residual = self._add_norm(self._mlp(layer, x, path), residual, nxt, path)
+        return self._linear(x, self.w_lm, path)
+
+    def _logprob(self, logits: torch.Tensor, targets: torch.Tensor, path: str) -> torch.Tensor:
+        lp = self._empty(logits.shape[0], dtype=torch.float32)
+        self._op("logprob", path, logits.contiguous(), targets.contiguous(), self.temperature, lp, torch.empty_like(lp))
+        return lp
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]) -> torch.Tensor:
+        """Causal attention of each packed sequence over its own rows (one prefill launch per sequence)."""
+        out = self._empty(q.shape[0], q.shape[1] * q.shape[2])
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            o = torch.empty_like(_heads_first(q[lo:hi]))
+            self.k["attention"].prefill(_heads_first(q[lo:hi]), _heads_first(k[lo:hi]), _heads_first(v[lo:hi]),
+                                        1 / math.sqrt(self.s.head_dim), o)
+            out[lo:hi] = o[0].transpose(0, 1).reshape(hi - lo, -1)
+        return out
+
+    # -- the two ways log-probs are computed ------------------------------------------------------------------
+    def _check(self, seqs: list[torch.Tensor], prompt_lens: list[int]) -> list[int]:
+        if len(seqs) != len(prompt_lens) or not seqs:
+            raise ValueError(f"{len(seqs)} sequences but {len(prompt_lens)} prompt lengths")
+        lens = [int(t.numel()) for t in seqs]
+        for b, (n, p) in enumerate(zip(lens, prompt_lens)):
+            if not 0 < p < n or n > self.s.max_pos:
+                raise ValueError(f"sequence {b}: prompt length {p} must be in 1..{n - 1} and length {n} at most "
+                                 f"max_pos {self.s.max_pos}")
+        return lens
+
+    def training_logprobs(self, seqs: list[torch.Tensor], prompt_lens: list[int]) -> list[torch.Tensor]:
+        """One full-sequence forward over the packed sequences (the policy update): the log-probs of each
+        sequence's answer tokens."""
+        lens = self._check(seqs, prompt_lens)
+        bounds = [0] + torch.tensor(lens).cumsum(0).tolist()
+        positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(self.device)
+        logits = self._forward(torch.cat(seqs), positions, "full", lambda _, q, k, v: self._prefill(q, k, v, bounds))
+        rows = torch.cat([torch.arange(lo + p - 1, hi - 1) for lo, hi, p in zip(bounds, bounds[1:], prompt_lens)])
+        lp = self._logprob(logits[rows.to(self.device)], torch.cat([t[p:] for t, p in zip(seqs, prompt_lens)]), "full")
+        return list(lp.split([n - p for n, p in zip(lens, prompt_lens)]))
+
+    def rollout_logprobs(self, seqs: list[torch.Tensor], prompt_lens: list[int]) -> list[torch.Tensor]:
+        """Prefill the packed prompts, then decode every unfinished sequence together, one token per step, from a
+        paged KV cache (pages dealt out of order), recording each answer token's log-prob as an inference
+        engine would."""
+        s, dev = self.s, self.device
+        lens = self._check(seqs, prompt_lens)
+        pages = -(-max(lens) // s.page_size)
+        order = torch.randperm(len(seqs) * pages, generator=torch.Generator().manual_seed(len(seqs)))
+        table = order.reshape(len(seqs), pages).to(dev, torch.int32)
+        cache = [[torch.zeros((len(seqs) * pages, s.page_size, s.kv_heads, s.head_dim), device=dev,
+                              dtype=torch.bfloat16) for _ in range(2)] for _ in range(s.layers)]
+        bounds = [0] + torch.tensor(prompt_lens).cumsum(0).tolist()
+        cu = torch.tensor(bounds, device=dev, dtype=torch.int32)
+        zeros = torch.zeros(len(seqs), device=dev, dtype=torch.int32)
+
+        def prefill(layer, q, k, v):
+            self._op("kv_append", "full", k, v, *cache[layer], table, cu, zeros, max(prompt_lens))
+            return self._prefill(q, k, v, bounds)
+
+        positions = torch.cat([torch.arange(p, dtype=torch.int32) for p in prompt_lens]).to(dev)
+        logits = self._forward(torch.cat([t[:p] for t, p in zip(seqs, prompt_lens)]), positions, "full", prefill)
+        last = torch.tensor(bounds[1:], device=dev) - 1
+        lp = self._logprob(logits[last], torch.stack([t[p] for t, p in zip(seqs, prompt_lens)]), "decode")
+        out = [[lp[b:b + 1]] for b in range(len(seqs))]
+        for step in range(max(n - p for n, p in zip(lens, prompt_lens)) - 1):
+            live = [b for b, (n, p) in enumerate(zip(lens, prompt_lens)) if p + step < n - 1]
+            pos = torch.tensor([prompt_lens[b] + step for b in live], device=dev, dtype=torch.int32)
+            rows = table[live].contiguous()
+
+            def decode(layer, q, k, v, pos=pos, rows=rows):
+                n = rows.shape[0]
+                self._op("kv_append", "decode", k, v, *cache[layer], rows, pos)
+                # The attention kernel reads [batch, kv_heads, capacity, head_dim]: the sequences' pages in order.
+                kc, vc = (c[rows].reshape(n, -1, s.kv_heads, s.head_dim).transpose(1, 2).contiguous()
+                          for c in cache[layer])
+                o = self._empty(n, s.q_heads, 1, s.head_dim)
+                self.k["attention"].decode(q.reshape(n, s.q_heads, 1, s.head_dim).contiguous(), kc, vc, pos + 1,
+                                           1 / math.sqrt(s.head_dim), o)
+                return o.reshape(n, -1)
+
+            ids = torch.stack([seqs[b][prompt_lens[b] + step] for b in live])
+            targets = torch.stack([seqs[b][prompt_lens[b] + step + 1] for b in live])
+            lp = self._logprob(self._forward(ids, pos, "decode", decode), targets, "decode")
+            for i, b in enumerate(live):
+                out[b].append(lp[i:i + 1])
+        return [torch.cat(x) for x in out]
