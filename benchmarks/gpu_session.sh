@@ -106,8 +106,8 @@ while [ $# -gt 0 ]; do
         --out "$OUT/model_consistency${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" 2>&1 | tail -15 ;;
     model_moe)  # every family in a Qwen3-30B-A3B-shaped MoE decoder, batched rollout vs packed training (MOE_LAYERS)
       timeout 420 python3 benchmarks/model_consistency_gpu.py --model moe --layers ${MOE_LAYERS:-4} --seeds 2 \
-        ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
-        --out "$OUT/model_consistency_moe${MOE_LAYERS:+_l$MOE_LAYERS}${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" \
+        ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} ${MODEL_CONTROL:+--control $MODEL_CONTROL} \
+        --out "$OUT/model_consistency_moe${MOE_LAYERS:+_l$MOE_LAYERS}${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}${MODEL_CONTROL:+_$MODEL_CONTROL}.json" \
         2>&1 | tail -15 ;;
     rowwise_sweep)
       timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \

@@ -17,6 +17,7 @@ import datetime
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -27,6 +28,18 @@ from kernels.moe_decoder import MoEDecoder, MoEShape
 
 # Prompt and answer lengths of the MoE run's sequences (not multiples of any block or page).
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)
+
+
+def cublas_decode(impls: dict) -> dict:
+    """A control: rollout's linear layers through cuBLAS (torch.matmul), as an inference engine's would be, while
+    training keeps the batch-invariant kernel's full path; the log-probs are then expected to differ."""
+    root = impls["linear"]
+
+    def linear_decode(x, weight, bias, out, out32=None):
+        y = torch.matmul(x, weight.t())
+        out.copy_(y if bias is None else y + bias)
+
+    return {**impls, "linear": SimpleNamespace(linear_full=root.linear_full, linear_decode=linear_decode)}
 
 
 def moe_runs(args, impls) -> tuple[dict, list[dict]]:
@@ -82,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer", type=int, default=64)
     ap.add_argument("--model", choices=("dense", "moe"), default="dense")
     ap.add_argument("--layers", type=int, default=4, help="layers of the MoE model")
+    ap.add_argument("--control", choices=("none", "cublas_decode"), default="none",
+                    help="cublas_decode: rollout's linear layers through cuBLAS (a negative control)")
     ap.add_argument("--attention-set", default="",
                     help="attention as this named set (kernels/attention/bench.py) instead of its root; needs the "
                          "engine's packages (omegaconf)")
@@ -89,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     families = MOE_FAMILIES if args.model == "moe" else FAMILIES
     impls = (with_sets({"attention": args.attention_set}, "--attention-set", families) if args.attention_set
              else roots(families))
+    if args.control == "cublas_decode":
+        impls = cublas_decode(impls)
     if args.model == "moe":
         shape_info, rows = moe_runs(args, impls)
     else:
@@ -97,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "model": args.model, "shape": shape_info,
               "prompt": args.prompt if args.model == "dense" else None, "attention_set": args.attention_set or "root",
+              "control": args.control,
               "attention_knobs": getattr(impls["attention"], "KNOBS", {}), "runs": rows,
               "all_bit_exact": all(r["mismatching_logprobs"] == 0 for r in rows)}
     Path(args.out).write_text(json.dumps(result, indent=1))
