@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
-# model | model_moe | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | model_moe | model_speed | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -109,6 +109,9 @@ while [ $# -gt 0 ]; do
         ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} ${MODEL_CONTROL:+--control $MODEL_CONTROL} \
         --out "$OUT/model_consistency_moe${MOE_LAYERS:+_l$MOE_LAYERS}${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}${MODEL_CONTROL:+_$MODEL_CONTROL}.json" \
         2>&1 | tail -15 ;;
+    model_speed)  # the training forward of the model on the unified kernels against cuBLAS / SDPA / torch ops
+      timeout 300 python3 benchmarks/model_speed_gpu.py ${MODEL_SPEED_CONFIGS:+--configs $MODEL_SPEED_CONFIGS} \
+        --out "$OUT/model_speed.json" 2>&1 | tail -8 ;;
     rowwise_sweep)
       timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
         --out "$OUT" 2>&1 | tail -30 ;;

@@ -1,0 +1,91 @@
+"""Model-level cost of the unified kernels: the training forward (packed sequences -> answer log-probs) of
+kernels/moe_decoder.py with every family's root against the same model on the kernels a trainer uses without
+tik-evo (benchmarks/model_peers.py: cuBLAS, SDPA, torch ops). Same weights, same tokens; GPU time per forward
+(CUDA events, median of --reps after warm-up) and peak memory. Writes JSON.
+
+    PYTHONPATH=$PWD python3 benchmarks/model_speed_gpu.py --out model_speed.json
+
+Imports only torch/triton (+ the kernels and model_peers), so it runs on the bare GPU image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_peers import torch_impls  # noqa: E402
+
+from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
+from kernels.decoder import roots  # noqa: E402
+
+CONFIGS = {
+    # Qwen3-4B widths (dense), four layers; four sequences of 2048 tokens, the last 1024 of each scored.
+    "qwen3-4b.dense": (MoEShape(vocab=151936, hidden=2560, layers=4, q_heads=32, kv_heads=8, head_dim=128, experts=0,
+                                intermediate=9728, max_pos=2048), [2048] * 4, [1024] * 4),
+    # Qwen3-30B-A3B widths, four layers: 128 experts top-8, each expert's MLP at the rows routed to it (about 60
+    # of 8192 x 8 / 128 = 512 per expert); the per-expert dispatch is Python in both, as in the consistency run.
+    "qwen3-30b-a3b.moe": (MoEShape(vocab=151936, hidden=2048, layers=4, q_heads=32, kv_heads=4, head_dim=128,
+                                   experts=128, top_k=8, intermediate=768, max_pos=2048), [2048] * 4, [1024] * 4),
+}
+
+
+def time_forward(m: MoEDecoder, seqs, prompts, reps: int) -> dict:
+    for _ in range(2):
+        m.training_logprobs(seqs, prompts)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        lp = m.training_logprobs(seqs, prompts)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return {"ms": statistics.median(times), "ms_all": times,
+            "peak_extra_GB": (torch.cuda.max_memory_allocated() - base) / 1e9,
+            "mean_logprob": float(torch.cat(lp).mean())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="model_speed.json")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS))
+    args = ap.parse_args(argv)
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+              "configs": {}}
+    for name in args.configs.split(","):
+        if name not in CONFIGS:
+            raise SystemExit(f"--configs: unknown config {name!r} (known: {', '.join(CONFIGS)})")
+        shape, lens, prompts = CONFIGS[name]
+        g = torch.Generator().manual_seed(7)
+        seqs = [torch.randint(0, shape.vocab, (n,), generator=g).to("cuda", torch.int32) for n in lens]
+        row = {"shape": shape.__dict__, "lens": lens, "prompts": prompts}
+        for label, impls in (("unified", roots(FAMILIES)), ("torch", torch_impls())):
+            m = MoEDecoder(shape, 0, "cuda", impls=impls)
+            row[label] = time_forward(m, seqs, prompts, args.reps)
+            del m
+            torch.cuda.empty_cache()
+        row["unified_over_torch"] = row["unified"]["ms"] / row["torch"]["ms"]
+        result["configs"][name] = row
+        print(f"{name}: unified {row['unified']['ms']:.2f} ms ({row['unified']['peak_extra_GB']:.2f} GB peak), "
+              f"torch {row['torch']['ms']:.2f} ms ({row['torch']['peak_extra_GB']:.2f} GB peak): "
+              f"{row['unified_over_torch']:.3f}x; mean log-prob {row['unified']['mean_logprob']:.3f} / "
+              f"{row['torch']['mean_logprob']:.3f}", flush=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
