@@ -23,8 +23,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_peers import torch_impls  # noqa: E402
 
-from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 from kernels.decoder import roots  # noqa: E402
+from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 
 CONFIGS = {
     # Qwen3-4B widths (dense), four layers; four sequences of 2048 tokens, the last 1024 of each scored.
