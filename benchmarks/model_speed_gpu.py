@@ -56,6 +56,39 @@ def time_forward(m: MoEDecoder, seqs, prompts, reps: int) -> dict:
             "mean_logprob": float(torch.cat(lp).mean())}
 
 
+def breakdown(m: MoEDecoder, seqs, prompts) -> dict:
+    """Per family, over one forward: GPU time between CUDA events around each call (host gaps before a launch
+    count to the call that caused them) and host time spent in the calls; every call of a family summed."""
+    import time
+    from types import SimpleNamespace
+
+    events, host = [], {}
+    op, attn = m._op, m.k["attention"]
+
+    def timed(family, fn, *a):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        out = fn(*a)
+        host[family] = host.get(family, 0.0) + time.perf_counter() - t0
+        end.record()
+        events.append((family, start, end))
+        return out
+
+    m._op = lambda family, path, *a: timed(family, op, family, path, *a)
+    m.k = {**m.k, "attention": SimpleNamespace(prefill=lambda *a: timed("attention", attn.prefill, *a),
+                                               decode=attn.decode)}
+    try:
+        m.training_logprobs(seqs, prompts)
+        torch.cuda.synchronize()
+    finally:
+        m._op, m.k = op, {**m.k, "attention": attn}
+    gpu: dict = {}
+    for family, start, end in events:
+        gpu[family] = gpu.get(family, 0.0) + start.elapsed_time(end)
+    return {f: {"gpu_ms": gpu[f], "host_ms": host[f] * 1e3, "calls": sum(e[0] == f for e in events)} for f in gpu}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="model_speed.json")
@@ -75,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, impls in (("unified", roots(FAMILIES)), ("torch", torch_impls())):
             m = MoEDecoder(shape, 0, "cuda", impls=impls)
             row[label] = time_forward(m, seqs, prompts, args.reps)
+            row[label]["families"] = breakdown(m, seqs, prompts)
             del m
             torch.cuda.empty_cache()
         row["unified_over_torch"] = row["unified"]["ms"] / row["torch"]["ms"]
@@ -83,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
               f"torch {row['torch']['ms']:.2f} ms ({row['torch']['peak_extra_GB']:.2f} GB peak): "
               f"{row['unified_over_torch']:.3f}x; mean log-prob {row['unified']['mean_logprob']:.3f} / "
               f"{row['torch']['mean_logprob']:.3f}", flush=True)
+        for f in row["unified"]["families"]:
+            u, t = row["unified"]["families"][f], row["torch"]["families"].get(f, {})
+            print(f"  {f:<12} calls {u['calls']:>5}  gpu ms {u['gpu_ms']:8.2f} / {t.get('gpu_ms', 0):8.2f}  host ms "
+                  f"{u['host_ms']:8.2f} / {t.get('host_ms', 0):8.2f}  (unified / torch)", flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

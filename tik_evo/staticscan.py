@@ -9,7 +9,8 @@ from tik_evo.knobs import KnobsError, read_knobs
 
 # triton.language.extra.cuda: device intrinsics (libdevice, grid-dependency control), nothing host-side.
 # Gluon (Triton's explicit-layout language) and its Hopper ops and host TMA descriptors: kernels, nothing else.
-ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "triton.language.extra.cuda", "math", "functools", "typing",
+# tik_evo.launch: the fast launch path (it calls the compiled kernel Triton built; no timing, no results).
+ALLOWED_IMPORTS = {"tik_evo.launch", "torch", "triton", "triton.language", "triton.language.extra.cuda", "math", "functools", "typing",
                    "__future__", "triton.experimental", "triton.experimental.gluon",
                    "triton.experimental.gluon.language", "triton.experimental.gluon.language.nvidia.hopper",
                    "triton.experimental.gluon.nvidia.hopper"}

@@ -33,6 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import tma as gtma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+import tik_evo.launch as launch
+
 KNOBS = {
     "BLOCK_N": 64,
     "ROW_SUM": "reduce",
@@ -1462,20 +1464,6 @@ def _sm_count(device: torch.device) -> int:
 FAST_LAUNCH = True
 
 
-def _arg_key(a):
-    """What an argument contributes to a launch key: never coarser than Triton's specialisation of it (tensors:
-    dtype and 16-byte alignment; descriptors: the same plus their geometry; floats: none; the rest: the value)."""
-    t = type(a)
-    if t is torch.Tensor or isinstance(a, torch.Tensor):
-        return a.dtype, a.data_ptr() % 16 == 0
-    if t is float:
-        return float
-    if t is _Desc or isinstance(a, TensorDescriptor):
-        return (a.base.dtype, a.base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
-                id(a.layout), a.padding)
-    return t, a
-
-
 class _Desc:
     """A host TMA descriptor's fields, built without Triton's per-object validation (`_ws_prefill` and
     `_dec_covers` check contiguity and alignment first): what Triton's launcher reads from a descriptor. Triton's
@@ -1489,77 +1477,9 @@ class _Desc:
         return TensorDescriptor(self.base, list(self.shape), list(self.strides), list(self.block_shape), self.layout)
 
 
-class _Launch:
-    """`_fast(kernel)[grid](*args, **constexprs)` launches like `kernel[grid](...)`, but pays Triton's per-call
-    binding and specialisation of 15-30 arguments (tens of microseconds of Python, more than a short launch's GPU
-    time) once per launch key (`_arg_key` of each argument, the keywords, the device). The key's first launch goes
-    through Triton, which compiles or finds the kernel; later ones call that compiled kernel's launcher directly,
-    as Triton itself does after its lookup. The interpreter and launch hooks (profilers) always take Triton's
-    path."""
-
-    MAX_KEYS = 1024  # distinct shapes seen; past it, start over rather than grow without bound
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.fast = isinstance(fn, triton.runtime.JITFunction)
-        self.kernels: dict = {}
-
-    def __getitem__(self, grid):
-        return lambda *args, **kw: self._launch(grid, args, kw)
-
-    def _launch(self, grid, args, kw):
-        hooks = triton.knobs.runtime
-        # Keywords are the constexprs and launch options (ints, bools, strings), kept by value in the key and
-        # replayed as they were; anything else (a tensor passed by keyword) takes Triton's path every time, and so
-        # does a launch that torch.compile is tracing (it knows `kernel[grid]`, not the raw launcher).
-        if not (self.fast and FAST_LAUNCH and _no_hooks(hooks.launch_enter_hook) and _no_hooks(hooks.launch_exit_hook)
-                and all(type(v) in _CONST_TYPES for v in kw.values()) and not torch.compiler.is_compiling()):
-            return self.fn[grid](*_full(args), **kw)
-        device = _launch_device()
-        key = (device, tuple(map(_arg_key, args)), tuple(kw.items()))
-        hit = self.kernels.get(key)
-        if hit is None:
-            kernel = self.fn[grid](*_full(args), **kw)
-            if len(self.kernels) >= self.MAX_KEYS:
-                self.kernels.clear()
-            params = self.fn.signature.parameters  # the kernel's arguments after the positional ones, in order
-            tail = tuple(kw[n] if n in kw else params[n].default for n in self.fn.arg_names[len(args):])
-            self.kernels[key] = kernel, tail
-            return kernel
-        kernel, tail = hit
-        g = (*grid, 1, 1)
-        kernel.run(g[0], g[1], g[2], _launch_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
-                   *args, *tail)
-        return kernel
-
-
-_CONST_TYPES = (int, bool, str, type(None))
-
-
-def _full(args: tuple) -> tuple:
-    return tuple(a.full() if type(a) is _Desc else a for a in args)
-
-
-def _no_hooks(hook) -> bool:
-    return hook is None or (isinstance(hook, triton.knobs.HookChain) and not hook.calls)
-
-
-def _launch_device() -> int:
-    return triton.runtime.driver.active.get_current_device()
-
-
-def _launch_stream(device: int) -> int:
-    return triton.runtime.driver.active.get_current_stream(device)
-
-
-_LAUNCHES: dict = {}
-
-
-def _fast(kernel) -> _Launch:
-    launch = _LAUNCHES.get(kernel)
-    if launch is None:
-        launch = _LAUNCHES[kernel] = _Launch(kernel)
-    return launch
+def _fast(kernel):
+    """`_fast(kernel)[grid](*args, **constexprs)`: tik_evo.launch's fast launch (FAST_LAUNCH off: Triton's path)."""
+    return launch.fast(kernel, FAST_LAUNCH)
 
 
 def _tma_alloc(size, alignment, stream):

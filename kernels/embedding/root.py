@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+import tik_evo.launch as launch
+
 KNOBS = {
     "FULL_BLOCK_H": 1024,
     "FULL_ROWS_PER_PROGRAM": 1,
@@ -57,7 +59,7 @@ def _launch(ids, weight, out, path):
     block, rows_per_program = KNOBS[path + "_BLOCK_H"], KNOBS[path + "_ROWS_PER_PROGRAM"]
     split = KNOBS[path + "_SPLIT_ROW"]
     grid = (triton.cdiv(n_rows, rows_per_program), triton.cdiv(H, block) if split else 1)
-    _embedding_kernel[grid](ids, weight, out, n_rows, H, ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block,
+    launch.fast(_embedding_kernel)[grid](ids, weight, out, n_rows, H, ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block,
                             SPLIT_ROW=split, num_warps=KNOBS[path + "_NUM_WARPS"])
 
 

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+import tik_evo.launch as launch
+
 KNOBS = {
     "FULL_TOKENS_PER_PROGRAM": 8,
     "FULL_NUM_WARPS": 4,
@@ -71,7 +73,7 @@ def kv_append_full(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     W = k_cache.shape[2] * k_cache.shape[3]
     tpp = KNOBS["FULL_TOKENS_PER_PROGRAM"]
     grid = (n_seqs, triton.cdiv(max(max_seqlen, 1), tpp))
-    _append_full_kernel[grid](k, v, k_cache, v_cache, block_table, cu_seqlens, start_pos, block_table.stride(0),
+    launch.fast(_append_full_kernel)[grid](k, v, k_cache, v_cache, block_table, cu_seqlens, start_pos, block_table.stride(0),
                               page_size, W, TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W),
                               num_warps=KNOBS["FULL_NUM_WARPS"])
 
@@ -83,6 +85,6 @@ def kv_append_decode(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_
     page_size = k_cache.shape[1]
     W = k_cache.shape[2] * k_cache.shape[3]
     tpp = KNOBS["DECODE_TOKENS_PER_PROGRAM"]
-    _append_decode_kernel[(triton.cdiv(n_seqs, tpp),)](
+    launch.fast(_append_decode_kernel)[(triton.cdiv(n_seqs, tpp),)](
         k, v, k_cache, v_cache, block_table, positions, n_seqs, block_table.stride(0), page_size, W,
         TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W), num_warps=KNOBS["DECODE_NUM_WARPS"])

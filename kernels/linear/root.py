@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+import tik_evo.launch as launch
+
 KNOBS = {
     "BLOCK_K": 64,
     "K_CHUNK": 4096,
@@ -321,6 +323,18 @@ def _linear_merge_kernel(ws_ptr, b_ptr, y_ptr, y32_ptr, M, N, n_chunks, sym, syn
         tl.store(y32_ptr + offs, y, mask=mask)
 
 
+_SMS: dict = {}  # device index -> SMs, read once (each call needs it)
+
+
+def _sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4  # the interpreter: CPU tests then reach several programs' worth of tiles
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
 def _tma_alloc(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
@@ -453,7 +467,7 @@ def _launch(x, weight, bias, out, out32, path):
     """out[m, n] = sum_k x[m, k] * weight[n, k] (+ bias[n]); any strides (the backward passes transposes)."""
     M, K = x.shape
     N = weight.shape[0]
-    sms = torch.cuda.get_device_properties(x.device).multi_processor_count if x.is_cuda else 4
+    sms = _sms(x.device)
     use_tma = KNOBS[path + "_USE_TMA"] and _tma_ok(x, weight)
     sch = _schedule(M, N, K, path, sms, out32 is not None, use_tma)
     block_k, k_chunk, bm, bn = KNOBS["BLOCK_K"], sch["k_chunk"], sch["bm"], sch["bn"]
@@ -465,7 +479,7 @@ def _launch(x, weight, bias, out, out32, path):
                 UNROLL=sch["unroll"], num_warps=sch["warps"], num_stages=sch["stages"])
     if sch["persistent_per_sm"] and use_tma:
         programs = min(tiles, sch["persistent_per_sm"] * sms)
-        _linear_persistent_kernel[(programs,)](
+        launch.fast(_linear_persistent_kernel)[(programs,)](
             x, weight, b, out, out32 if write32 else out, M, N, K, x.stride(0), weight.stride(0),
             out.stride(0), out.stride(1), HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
             BLOCK_K=block_k, GROUP_M=sch["group_m"], K_CHUNK=k_chunk if sch["n_chunks"] > 1 else 0,
@@ -474,15 +488,15 @@ def _launch(x, weight, bias, out, out32, path):
         return
     if sch["parallel"]:
         ws = torch.empty((sch["n_chunks"], M, N), dtype=torch.float32, device=x.device)
-        _linear_chunk_kernel[(tiles, sch["n_chunks"])](
+        launch.fast(_linear_chunk_kernel)[(tiles, sch["n_chunks"])](
             x, weight, ws, M, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             K_CHUNK=k_chunk, **meta)
         block = 1024
-        _linear_merge_kernel[(triton.cdiv(M * N, block),)](
+        launch.fast(_linear_merge_kernel)[(triton.cdiv(M * N, block),)](
             ws, b, out, out32 if write32 else ws, M, N, sch["n_chunks"], out.stride(0), out.stride(1),
             HAS_BIAS=has_bias, WRITE32=write32, BLOCK=block, num_warps=4)
         return
-    _linear_kernel[(tiles,)](
+    launch.fast(_linear_kernel)[(tiles,)](
         x, weight, b, out, out32 if write32 else out, M, N, K,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
         K_CHUNK=k_chunk, N_CHUNKS=sch["n_chunks"], HAS_BIAS=has_bias, WRITE32=write32, FLAT_CHUNKS=sch["flat"],

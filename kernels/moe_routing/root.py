@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+import tik_evo.launch as launch
+
 KNOBS = {
     "BLOCK_T": 4,
     "NUM_WARPS": 1,
@@ -268,7 +270,7 @@ def _launch(logits, weights, ids, weights32, renormalize, path):
     block_t, warps = _tile(path, bool(renormalize))
     grid = (triton.cdiv(triton.cdiv(T, block_t), tiles_pp),)
     contract = {**_contract(E), "BLOCK_T": block_t}
-    _route_kernel[grid](
+    launch.fast(_route_kernel)[grid](
         logits, weights, weights32 if weights32 is not None else weights, ids, T, E,
         RENORM=bool(renormalize), WRITE32=weights32 is not None, TOP_K=top_k,
         K_PAD=triton.next_power_of_2(top_k), TILES_PER_PROGRAM=tiles_pp, PREFETCH=KNOBS[path + "_PREFETCH"],

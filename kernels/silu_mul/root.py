@@ -11,6 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
+import tik_evo.launch as launch
+
 KNOBS = {
     "SILU_FORM": "div",
     "ROUND_SILU": True,
@@ -82,7 +84,7 @@ def _launch(gate, up, out, out32, path):
     write32 = out32 is not None
     rows_per_program, block = KNOBS[path + "_ROWS_PER_PROGRAM"], KNOBS[path + "_BLOCK_I"]
     grid, cols_fastest = _grid(n_rows, inter, path)
-    _silu_mul_kernel[grid](
+    launch.fast(_silu_mul_kernel)[grid](
         gate, up, out, out32 if write32 else out, n_rows, inter, gate.stride(0), up.stride(0),
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_I=block, SILU_FORM=KNOBS["SILU_FORM"],
         ROUND_SILU=KNOBS["ROUND_SILU"], WRITE32=write32, COLS_FASTEST=cols_fastest,

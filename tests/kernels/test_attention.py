@@ -952,93 +952,22 @@ def test_gluon_kernels_need_contiguous_aligned_tensors_the_output_included():
     assert not mod._tma_ready(aligned, shifted) and not mod._tma_ready(strided)
 
 
-class _FakeKernel:
-    """A compiled kernel as the fast launch sees it: a launcher, a function handle, packed metadata."""
-    function, packed_metadata = "function", "metadata"
-
-    def __init__(self):
-        self.runs = []
-
-    def run(self, *args):
-        self.runs.append(args)
-
-
-class _FakeJit:
-    """A JIT function as the fast launch sees it: Triton's own launch (which compiles) and the argument names."""
-    arg_names = ["X", "n", "scale", "BLOCK"]
-
-    def __init__(self):
-        import inspect
-
-        self.signature = inspect.signature(lambda X, n, scale, BLOCK=16: None)
-        self.triton_launches = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kw):
-            self.triton_launches.append((grid, args, kw))
-            return _FakeKernel()
-        return launch
-
-
-def test_fast_launch_reuses_a_compiled_kernel_only_for_an_identical_key(monkeypatch):
-    import triton
-
-    mod = load(FAMILY.root_source())
-    monkeypatch.setattr(mod, "_launch_device", lambda: 0)
-    monkeypatch.setattr(mod, "_launch_stream", lambda device: 77)
-    jit = _FakeJit()
-    launch = mod._Launch(jit)
-    assert not launch.fast  # not a JITFunction: always Triton's own path
-    launch.fast = True
-    x = torch.zeros(64)
-    first = launch[(3,)](x, 32, 0.5)
-    assert len(jit.triton_launches) == 1 and first.runs == []  # the key's first launch is Triton's
-    again = launch[(4, 2)](x, 32, 0.25)  # a float's value is not specialised: same key
-    assert again is first and len(jit.triton_launches) == 1
-    assert first.runs == [(4, 2, 1, 77, "function", "metadata", None, None, None, x, 32, 0.25, 16)]
-    # Anything Triton specialises on is a new key: an int's value, a tensor's alignment or dtype, a constexpr.
-    for args, kw in (((x, 33, 0.5), {}), ((x[1:], 32, 0.5), {}), ((x.double(), 32, 0.5), {}),
-                     ((x, 32, 0.5), {"BLOCK": 32})):
-        launch[(1,)](*args, **kw)
-    assert len(jit.triton_launches) == 5
-    launch[(1,)](x, 32, 0.5, BLOCK=32)  # now known: passes its constexpr in order
-    assert jit.triton_launches[-1][2] == {"BLOCK": 32} and len(jit.triton_launches) == 5
-    # A launch hook (a profiler) or FAST_LAUNCH off: Triton's path every time.
-    hook = lambda metadata: None  # noqa: E731
-    triton.knobs.runtime.launch_enter_hook.add(hook)
-    try:
-        launch[(1,)](x, 32, 0.5)
-    finally:
-        triton.knobs.runtime.launch_enter_hook.remove(hook)
-    monkeypatch.setattr(mod, "FAST_LAUNCH", False)
-    launch[(1,)](x, 32, 0.5)
-    assert len(jit.triton_launches) == 7
-    # A keyword that is not a constant (a tensor) is never replayed from a key: Triton's path every time.
-    monkeypatch.setattr(mod, "FAST_LAUNCH", True)
-    launch[(1,)](x, 32, scale=0.5, BLOCK=16)
-    launch[(1,)](x, 32, 0.5, BLOCK=x)
-    launch[(1,)](x, 32, 0.5, BLOCK=x)
-    assert len(jit.triton_launches) == 10
-    # Under torch.compile's tracing: Triton's path, which the compiler knows.
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    launch[(1,)](x, 32, 0.5)
-    assert len(jit.triton_launches) == 11
-
-
 def test_light_descriptor_keys_like_the_triton_descriptor_it_stands_for():
+    from tik_evo import launch
+
     mod = load(FAMILY.root_source())
     k = torch.zeros(2, 4, 40, 64, dtype=torch.bfloat16)
     light = mod._Desc(k, (8, 40, 64), (40 * 64, 64, 1), (1, 64, 64))
     full = light.full()  # Triton's own object, validated
     assert isinstance(full, mod.TensorDescriptor) and full.base is k and list(full.shape) == [8, 40, 64]
-    assert mod._arg_key(light) == mod._arg_key(full)
+    assert launch.arg_key(light) == launch.arg_key(full)
     # Anything the launcher encodes is in the key: the block, the geometry, the base's alignment.
-    assert mod._arg_key(mod._Desc(k, (8, 40, 64), (40 * 64, 64, 1), (1, 128, 64))) != mod._arg_key(light)
-    assert mod._arg_key(mod._Desc(k, (8, 41, 64), (41 * 64, 64, 1), (1, 64, 64))) != mod._arg_key(light)
+    assert launch.arg_key(mod._Desc(k, (8, 40, 64), (40 * 64, 64, 1), (1, 128, 64))) != launch.arg_key(light)
+    assert launch.arg_key(mod._Desc(k, (8, 41, 64), (41 * 64, 64, 1), (1, 64, 64))) != launch.arg_key(light)
     flat = k.flatten()
-    assert mod._arg_key(mod._Desc(flat[1:], (8, 40, 64), (40 * 64, 64, 1), (1, 64, 64)))[1] is False
+    assert launch.arg_key(mod._Desc(flat[1:], (8, 40, 64), (40 * 64, 64, 1), (1, 64, 64)))[1] is False
     # Triton's path gets real descriptors; the fast path passes the light ones through.
-    assert [type(a) for a in mod._full((light, 3, k))] == [mod.TensorDescriptor, int, torch.Tensor]
+    assert [type(a) for a in launch._full((light, 3, k))] == [mod.TensorDescriptor, int, torch.Tensor]
 
 
 def test_host_helpers_match_triton():
