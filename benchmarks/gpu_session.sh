@@ -111,7 +111,8 @@ while [ $# -gt 0 ]; do
         2>&1 | tail -15 ;;
     model_speed)  # the training forward of the model on the unified kernels against cuBLAS / SDPA / torch ops
       timeout 300 python3 benchmarks/model_speed_gpu.py ${MODEL_SPEED_CONFIGS:+--configs $MODEL_SPEED_CONFIGS} \
-        --out "$OUT/model_speed.json" 2>&1 | tail -32 ;;
+        ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
+        --out "$OUT/model_speed${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" 2>&1 | tail -34 ;;
     rowwise_sweep)
       timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
         --out "$OUT" 2>&1 | tail -30 ;;

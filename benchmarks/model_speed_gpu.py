@@ -23,8 +23,9 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_peers import torch_impls  # noqa: E402
 
-from kernels.decoder import roots  # noqa: E402
+from kernels.decoder import roots, with_sets  # noqa: E402
 from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
+from tik_evo import launch  # noqa: E402
 
 CONFIGS = {
     # Qwen3-4B widths (dense), four layers; four sequences of 2048 tokens, the last 1024 of each scored.
@@ -94,10 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="model_speed.json")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated: " + ", ".join(CONFIGS))
+    ap.add_argument("--attention-set", default="",
+                    help="attention as this named set (kernels/attention/bench.py) instead of its root; needs the "
+                         "engine's packages (omegaconf)")
+    ap.add_argument("--no-launch-ab", action="store_true",
+                    help="skip the unified model with Triton's own launch path (tik_evo.launch off)")
     args = ap.parse_args(argv)
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-              "configs": {}}
+              "attention_set": args.attention_set or "root", "configs": {}}
     for name in args.configs.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"--configs: unknown config {name!r} (known: {', '.join(CONFIGS)})")
@@ -105,14 +111,23 @@ def main(argv: list[str] | None = None) -> int:
         g = torch.Generator().manual_seed(7)
         seqs = [torch.randint(0, shape.vocab, (n,), generator=g).to("cuda", torch.int32) for n in lens]
         row = {"shape": shape.__dict__, "lens": lens, "prompts": prompts}
-        for label, impls in (("unified", roots(FAMILIES)), ("torch", torch_impls())):
+        unified = (with_sets({"attention": args.attention_set}, "--attention-set", FAMILIES) if args.attention_set
+                   else roots(FAMILIES))
+        runs = [("unified", unified, True), ("torch", torch_impls(), True)]
+        if not args.no_launch_ab:
+            runs.append(("unified_triton_launch", unified, False))
+        for label, impls, fast in runs:
+            launch.ENABLED = fast
             m = MoEDecoder(shape, 0, "cuda", impls=impls)
             row[label] = time_forward(m, seqs, prompts, args.reps)
             row[label]["families"] = breakdown(m, seqs, prompts)
             del m
             torch.cuda.empty_cache()
+        launch.ENABLED = True
         row["unified_over_torch"] = row["unified"]["ms"] / row["torch"]["ms"]
         result["configs"][name] = row
+        if "unified_triton_launch" in row:
+            print(f"{name}: with Triton's own launch path {row['unified_triton_launch']['ms']:.2f} ms", flush=True)
         print(f"{name}: unified {row['unified']['ms']:.2f} ms ({row['unified']['peak_extra_GB']:.2f} GB peak), "
               f"torch {row['torch']['ms']:.2f} ms ({row['torch']['peak_extra_GB']:.2f} GB peak): "
               f"{row['unified_over_torch']:.3f}x; mean log-prob {row['unified']['mean_logprob']:.3f} / "
