@@ -110,8 +110,7 @@ class Store:
         except lmdb.Error as e:
             self._release_lock()
             raise StoreError(f"{path}: cannot open the IR store: {e}") from e
-        self._dbs = {name: self._env.open_db(name.encode(), create=writer) for name in DB_NAMES} \
-            if writer else self._open_read_dbs()
+        self._dbs = self._create_dbs() if writer else self._open_read_dbs()
         self._check_schema()
 
     # -- opening -------------------------------------------------------------------------------------------
@@ -134,6 +133,11 @@ class Store:
     @classmethod
     def open_reader(cls, run_dir: Path) -> Store:
         return cls(run_dir, writer=False)
+
+    def _create_dbs(self) -> dict[str, Any]:
+        # One transaction: a reader sees all the tables or none of them (then: "missing table", a run being made).
+        with self._env.begin(write=True) as t:
+            return {name: self._env.open_db(name.encode(), txn=t, create=True) for name in DB_NAMES}
 
     def _open_read_dbs(self) -> dict[str, Any]:
         dbs = {}
