@@ -10,7 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "BLOCK_H": 0,
@@ -95,7 +99,7 @@ def _launch(x, residual, weight, eps, out, res_out, out32, rows_per_program, num
     n_rows, hidden = x.shape
     block = _block_h(hidden)
     grid = (triton.cdiv(n_rows, rows_per_program),)
-    launch.fast(_add_rms_rows_kernel)[grid](
+    fast(_add_rms_rows_kernel)[grid](
         x, residual, weight, out, res_out, out32 if out32 is not None else out, n_rows, hidden, eps,
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block, ONE_CHUNK=block >= hidden,
         WRITE32=out32 is not None, EARLY_W=weight_load == "early", num_warps=KNOBS["NUM_WARPS"],

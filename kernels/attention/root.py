@@ -33,7 +33,10 @@ from triton.experimental.gluon.language.nvidia.hopper import tma as gtma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    import tik_evo.launch as launch
+except ImportError:
+    launch = None
 
 KNOBS = {
     "BLOCK_N": 64,
@@ -1478,8 +1481,19 @@ class _Desc:
 
 
 def _fast(kernel):
-    """`_fast(kernel)[grid](*args, **constexprs)`: tik_evo.launch's fast launch (FAST_LAUNCH off: Triton's path)."""
-    return launch.fast(kernel, FAST_LAUNCH)
+    """`_fast(kernel)[grid](*args, **constexprs)`: tik_evo.launch's fast launch (FAST_LAUNCH off, or the file used
+    without tik-evo: Triton's path, light descriptors made full)."""
+    if launch is not None:
+        return launch.fast(kernel, FAST_LAUNCH)
+    return _TritonLaunch(kernel)
+
+
+class _TritonLaunch:
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.kernel[grid](*(a.full() if type(a) is _Desc else a for a in args), **kw)
 
 
 def _tma_alloc(size, alignment, stream):

@@ -9,7 +9,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "FULL_BLOCK_H": 1024,
@@ -59,7 +63,7 @@ def _launch(ids, weight, out, path):
     block, rows_per_program = KNOBS[path + "_BLOCK_H"], KNOBS[path + "_ROWS_PER_PROGRAM"]
     split = KNOBS[path + "_SPLIT_ROW"]
     grid = (triton.cdiv(n_rows, rows_per_program), triton.cdiv(H, block) if split else 1)
-    launch.fast(_embedding_kernel)[grid](ids, weight, out, n_rows, H, ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block,
+    fast(_embedding_kernel)[grid](ids, weight, out, n_rows, H, ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block,
                             SPLIT_ROW=split, num_warps=KNOBS[path + "_NUM_WARPS"])
 
 

@@ -12,7 +12,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "FULL_TOKENS_PER_PROGRAM": 8,
@@ -73,7 +77,7 @@ def kv_append_full(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     W = k_cache.shape[2] * k_cache.shape[3]
     tpp = KNOBS["FULL_TOKENS_PER_PROGRAM"]
     grid = (n_seqs, triton.cdiv(max(max_seqlen, 1), tpp))
-    launch.fast(_append_full_kernel)[grid](k, v, k_cache, v_cache, block_table, cu_seqlens, start_pos, block_table.stride(0),
+    fast(_append_full_kernel)[grid](k, v, k_cache, v_cache, block_table, cu_seqlens, start_pos, block_table.stride(0),
                               page_size, W, TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W),
                               num_warps=KNOBS["FULL_NUM_WARPS"])
 
@@ -85,6 +89,6 @@ def kv_append_decode(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_
     page_size = k_cache.shape[1]
     W = k_cache.shape[2] * k_cache.shape[3]
     tpp = KNOBS["DECODE_TOKENS_PER_PROGRAM"]
-    launch.fast(_append_decode_kernel)[(triton.cdiv(n_seqs, tpp),)](
+    fast(_append_decode_kernel)[(triton.cdiv(n_seqs, tpp),)](
         k, v, k_cache, v_cache, block_table, positions, n_seqs, block_table.stride(0), page_size, W,
         TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W), num_warps=KNOBS["DECODE_NUM_WARPS"])

@@ -24,7 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "BLOCK_K": 64,
@@ -479,7 +483,7 @@ def _launch(x, weight, bias, out, out32, path):
                 UNROLL=sch["unroll"], num_warps=sch["warps"], num_stages=sch["stages"])
     if sch["persistent_per_sm"] and use_tma:
         programs = min(tiles, sch["persistent_per_sm"] * sms)
-        launch.fast(_linear_persistent_kernel)[(programs,)](
+        fast(_linear_persistent_kernel)[(programs,)](
             x, weight, b, out, out32 if write32 else out, M, N, K, x.stride(0), weight.stride(0),
             out.stride(0), out.stride(1), HAS_BIAS=has_bias, WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn,
             BLOCK_K=block_k, GROUP_M=sch["group_m"], K_CHUNK=k_chunk if sch["n_chunks"] > 1 else 0,
@@ -488,15 +492,15 @@ def _launch(x, weight, bias, out, out32, path):
         return
     if sch["parallel"]:
         ws = torch.empty((sch["n_chunks"], M, N), dtype=torch.float32, device=x.device)
-        launch.fast(_linear_chunk_kernel)[(tiles, sch["n_chunks"])](
+        fast(_linear_chunk_kernel)[(tiles, sch["n_chunks"])](
             x, weight, ws, M, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             K_CHUNK=k_chunk, **meta)
         block = 1024
-        launch.fast(_linear_merge_kernel)[(triton.cdiv(M * N, block),)](
+        fast(_linear_merge_kernel)[(triton.cdiv(M * N, block),)](
             ws, b, out, out32 if write32 else ws, M, N, sch["n_chunks"], out.stride(0), out.stride(1),
             HAS_BIAS=has_bias, WRITE32=write32, BLOCK=block, num_warps=4)
         return
-    launch.fast(_linear_kernel)[(tiles,)](
+    fast(_linear_kernel)[(tiles,)](
         x, weight, b, out, out32 if write32 else out, M, N, K,
         x.stride(0), x.stride(1), weight.stride(0), weight.stride(1), out.stride(0), out.stride(1),
         K_CHUNK=k_chunk, N_CHUNKS=sch["n_chunks"], HAS_BIAS=has_bias, WRITE32=write32, FLAT_CHUNKS=sch["flat"],

@@ -19,7 +19,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "VOCAB_CHUNK": 2048,
@@ -227,15 +231,15 @@ def _launch(logits, target, temperature, logprob, entropy, lse, path):
         return
     if n_splits > 1 and KNOBS[path + "_SPLIT_PARALLEL"]:
         ws = torch.empty((T, n_splits, 3), dtype=torch.float32, device=logits.device)
-        launch.fast(_logprob_split_kernel)[(T, n_splits)](
+        fast(_logprob_split_kernel)[(T, n_splits)](
             logits, ws, V, logits.stride(0), split, n_splits, temperature,
             CHUNK=chunk, APPLY_TEMP=apply_temp, FORM=KNOBS["SOFTMAX_FORM"], PREFETCH=prefetch, num_warps=warps,
             num_stages=stages)
-        launch.fast(_logprob_merge_kernel)[(T,)](
+        fast(_logprob_merge_kernel)[(T,)](
             logits, target, ws, logprob, entropy, lse if write_lse else logprob, logits.stride(0), n_splits,
             temperature, APPLY_TEMP=apply_temp, WRITE_LSE=write_lse, num_warps=1)
         return
-    launch.fast(_logprob_rows_kernel)[(T,)](
+    fast(_logprob_rows_kernel)[(T,)](
         logits, target, logprob, entropy, lse if write_lse else logprob, V, logits.stride(0), split, temperature,
         CHUNK=chunk, APPLY_TEMP=apply_temp, WRITE_LSE=write_lse, FORM=KNOBS["SOFTMAX_FORM"], PREFETCH=prefetch,
         num_warps=warps, num_stages=stages)
@@ -263,6 +267,6 @@ def logprob_backward(logits: torch.Tensor, target: torch.Tensor, temperature: fl
     lse = torch.empty_like(lp)
     _launch(logits, target, temperature, lp, ent, lse, "FULL")
     block = 4096
-    launch.fast(_logprob_grad_kernel)[(T, triton.cdiv(V, block))](
+    fast(_logprob_grad_kernel)[(T, triton.cdiv(V, block))](
         logits, target, lse, ent, grad_logprob.float().contiguous(), grad_entropy.float().contiguous(), grad_logits,
         V, logits.stride(0), temperature, BLOCK=block, APPLY_TEMP=float(temperature) != 1.0, num_warps=8)

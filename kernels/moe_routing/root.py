@@ -38,7 +38,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "BLOCK_T": 4,
@@ -270,7 +274,7 @@ def _launch(logits, weights, ids, weights32, renormalize, path):
     block_t, warps = _tile(path, bool(renormalize))
     grid = (triton.cdiv(triton.cdiv(T, block_t), tiles_pp),)
     contract = {**_contract(E), "BLOCK_T": block_t}
-    launch.fast(_route_kernel)[grid](
+    fast(_route_kernel)[grid](
         logits, weights, weights32 if weights32 is not None else weights, ids, T, E,
         RENORM=bool(renormalize), WRITE32=weights32 is not None, TOP_K=top_k,
         K_PAD=triton.next_power_of_2(top_k), TILES_PER_PROGRAM=tiles_pp, PREFETCH=KNOBS[path + "_PREFETCH"],

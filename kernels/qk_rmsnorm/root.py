@@ -10,7 +10,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "HEADS_PER_TILE": 16,
@@ -67,7 +71,7 @@ def _launch(q, k, q_weight, k_weight, eps, q_out, k_out, q32, k32, tiles_per_pro
     n_tiles = nq_tiles + triton.cdiv(nk_rows, rows)
     write32 = q32 is not None
     grid = (triton.cdiv(n_tiles, tiles_per_program),)
-    launch.fast(_qk_norm_kernel)[grid](
+    fast(_qk_norm_kernel)[grid](
         q, k, q_weight, k_weight, q_out, k_out, q32 if write32 else q_out, k32 if write32 else k_out,
         nq_rows, nk_rows, nq_tiles, n_tiles, D, eps,
         TILES_PER_PROGRAM=tiles_per_program, ROWS=rows, BLOCK_D=triton.next_power_of_2(D),

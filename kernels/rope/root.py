@@ -24,7 +24,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "ROUND_TABLE_TO_BF16": False,
@@ -215,7 +219,7 @@ def _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, rows, t
     block_kh = triton.next_power_of_2(triton.cdiv(n_k_heads, head_split))
     if sincos:  # k in a tile of q's shape: one register layout, so cos/sin are computed once, not per layout
         block_kh = block_qh = max(block_qh, block_kh)
-    launch.fast(_rope_kernel)[grid](
+    fast(_rope_kernel)[grid](
         q, k, cos, sin, positions, inv_freq if sincos else cos, q_out, k_out,
         q32 if write32 else q_out, k32 if write32 else k_out,
         n_tokens, n_q_heads, n_k_heads, half,

@@ -11,7 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-import tik_evo.launch as launch
+try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+    from tik_evo.launch import fast
+except ImportError:
+    def fast(kernel):
+        return kernel
 
 KNOBS = {
     "SILU_FORM": "div",
@@ -84,7 +88,7 @@ def _launch(gate, up, out, out32, path):
     write32 = out32 is not None
     rows_per_program, block = KNOBS[path + "_ROWS_PER_PROGRAM"], KNOBS[path + "_BLOCK_I"]
     grid, cols_fastest = _grid(n_rows, inter, path)
-    launch.fast(_silu_mul_kernel)[grid](
+    fast(_silu_mul_kernel)[grid](
         gate, up, out, out32 if write32 else out, n_rows, inter, gate.stride(0), up.stride(0),
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_I=block, SILU_FORM=KNOBS["SILU_FORM"],
         ROUND_SILU=KNOBS["ROUND_SILU"], WRITE32=write32, COLS_FASTEST=cols_fastest,

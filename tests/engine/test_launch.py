@@ -122,4 +122,25 @@ def test_kernel_sources_may_import_the_launcher_and_nothing_else_of_the_engine()
         return [c.details for c in scan(src, ("f_full", "f_decode")) if c.name == "allowed constructs only"][0]
 
     assert violations("import tik_evo.launch as launch\n") == {"violations": []}
+    assert violations("from tik_evo.launch import fast\n") == {"violations": []}
     assert violations("from tik_evo import timing\n")["violations"] == ["line 1: from tik_evo import ..."]
+
+
+def test_a_kernel_file_used_without_tik_evo_launches_through_triton(monkeypatch):
+    # `tik-evo kernel FAMILY -o file.py` hands out the root as one file for a trainer or an inference engine
+    # that may not have tik-evo installed: its launches then go through Triton, same kernels, same results.
+    import sys
+
+    from tik_evo.candidate import load_source
+    from tik_evo.families import load_family
+
+    monkeypatch.setitem(sys.modules, "tik_evo.launch", None)  # the import fails as if tik-evo were absent
+    for name in ("silu_mul", "attention"):
+        fam = load_family(name)
+        alone = load_source(fam.root_source(), f"{name}_alone")
+        if name == "attention":
+            assert alone.launch is None and type(alone._fast(alone._prefill_kernel)).__name__ == "_TritonLaunch"
+        else:
+            assert alone.fast(alone._silu_mul_kernel) is alone._silu_mul_kernel
+        case = fam.check_cases("small")[0]
+        assert all(c.passed for c in fam.run_checks(alone, case, 0, "cpu")), name
