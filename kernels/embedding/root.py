@@ -15,6 +15,11 @@ except ImportError:
     def fast(kernel):
         return kernel
 
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
+
+
 KNOBS = {
     "FULL_BLOCK_H": 1024,
     "FULL_ROWS_PER_PROGRAM": 1,
@@ -62,7 +67,7 @@ def _launch(ids, weight, out, path):
     H = weight.shape[1]
     block, rows_per_program = KNOBS[path + "_BLOCK_H"], KNOBS[path + "_ROWS_PER_PROGRAM"]
     split = KNOBS[path + "_SPLIT_ROW"]
-    grid = (triton.cdiv(n_rows, rows_per_program), triton.cdiv(H, block) if split else 1)
+    grid = (_cdiv(n_rows, rows_per_program), _cdiv(H, block) if split else 1)
     fast(_embedding_kernel)[grid](ids, weight, out, n_rows, H, ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block,
                             SPLIT_ROW=split, num_warps=KNOBS[path + "_NUM_WARPS"])
 

@@ -15,6 +15,11 @@ except ImportError:
     def fast(kernel):
         return kernel
 
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
+
+
 KNOBS = {
     "BLOCK_H": 256,
     "NUM_WARPS": 4,
@@ -58,7 +63,7 @@ def _rms_rows_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, n_rows, H, eps,
 
 def _launch(x, weight, eps, out, out32, rows_per_program, num_stages):
     n_rows, hidden = x.shape
-    grid = (triton.cdiv(n_rows, rows_per_program),)
+    grid = (_cdiv(n_rows, rows_per_program),)
     fast(_rms_rows_kernel)[grid](
         x, weight, out, out32 if out32 is not None else out, n_rows, hidden, eps,
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=KNOBS["BLOCK_H"], WRITE32=out32 is not None,

@@ -17,6 +17,11 @@ except ImportError:
     def fast(kernel):
         return kernel
 
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
+
+
 KNOBS = {
     "SILU_FORM": "div",
     "ROUND_SILU": True,
@@ -76,8 +81,8 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, y32_ptr, n_rows, I, g_stride, u_stride
 def _grid(n_rows: int, inter: int, path: str) -> tuple[tuple[int, int], bool]:
     """(launch grid, whether column blocks vary fastest). Grid axis 1 holds at most 65535 programs, so row
     counts beyond that keep the row-first order."""
-    rows = triton.cdiv(n_rows, KNOBS[path + "_ROWS_PER_PROGRAM"])
-    cols = triton.cdiv(inter, KNOBS[path + "_BLOCK_I"])
+    rows = _cdiv(n_rows, KNOBS[path + "_ROWS_PER_PROGRAM"])
+    cols = _cdiv(inter, KNOBS[path + "_BLOCK_I"])
     if KNOBS[path + "_COLS_FASTEST"] and rows <= 65535:
         return (cols, rows), True
     return (rows, cols), False
