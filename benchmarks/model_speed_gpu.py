@@ -1,7 +1,8 @@
 """Model-level cost of the unified kernels: the training forward (packed sequences -> answer log-probs) of
 kernels/moe_decoder.py with every family's root against the same model on the kernels a trainer uses without
 tik-evo (benchmarks/model_peers.py: cuBLAS, SDPA, torch ops). Same weights, same tokens; GPU time per forward
-(CUDA events, median of --reps after warm-up) and peak memory. Writes JSON.
+(CUDA events; the models' forwards interleaved, median of --reps after two warm-up rounds) and peak memory.
+Writes JSON.
 
     PYTHONPATH=$PWD python3 benchmarks/model_speed_gpu.py --out model_speed.json
 
@@ -38,23 +39,22 @@ CONFIGS = {
 }
 
 
-def time_forward(m: MoEDecoder, seqs, prompts, reps: int) -> dict:
-    for _ in range(2):
-        m.training_logprobs(seqs, prompts)
+def forward_ms(m: MoEDecoder, seqs, prompts) -> tuple[float, list[torch.Tensor]]:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    lp = m.training_logprobs(seqs, prompts)
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end), lp
+
+
+def peak_extra_gb(m: MoEDecoder, seqs, prompts) -> float:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        lp = m.training_logprobs(seqs, prompts)
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return {"ms": statistics.median(times), "ms_all": times,
-            "peak_extra_GB": (torch.cuda.max_memory_allocated() - base) / 1e9,
-            "mean_logprob": float(torch.cat(lp).mean())}
+    m.training_logprobs(seqs, prompts)
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 1e9
 
 
 def breakdown(m: MoEDecoder, seqs, prompts) -> dict:
@@ -90,6 +90,38 @@ def breakdown(m: MoEDecoder, seqs, prompts) -> dict:
     return {f: {"gpu_ms": gpu[f], "host_ms": host[f] * 1e3, "calls": sum(e[0] == f for e in events)} for f in gpu}
 
 
+def host_us_per_call(calls: int = 2000) -> dict:
+    """Host time to issue one launch (no sync inside the loop): linear at M 64 (N 768, K 2048: an expert's gate
+    projection) and SiLU-and-mul on its output, ours with the fast path and with Triton's, and torch's."""
+    import time
+
+    lin, act = roots(("linear",))["linear"], roots(("silu_mul",))["silu_mul"]
+    x = torch.randn(64, 2048, device="cuda").to(torch.bfloat16)
+    w = torch.randn(768, 2048, device="cuda").to(torch.bfloat16)
+    y, z = torch.empty(64, 768, device="cuda", dtype=torch.bfloat16), torch.empty(64, 768, device="cuda",
+                                                                                  dtype=torch.bfloat16)
+    cases = {"linear": lambda: lin.linear_full(x, w, None, y), "torch_matmul": lambda: torch.matmul(x, w.t(), out=y),
+             "silu_mul": lambda: act.silu_mul_full(y, y, z),
+             "torch_silu_mul": lambda: torch.mul(torch.nn.functional.silu(y), y, out=z)}
+    out = {}
+    for fast in (True, False):
+        launch.ENABLED = fast
+        for name, fn in cases.items():
+            if name.startswith("torch") and not fast:
+                continue
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out[name + ("" if fast or name.startswith("torch") else "_triton_launch")] = \
+                (time.perf_counter() - t0) / calls * 1e6
+            torch.cuda.synchronize()
+    launch.ENABLED = True
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="model_speed.json")
@@ -104,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "attention_set": args.attention_set or "root", "configs": {}}
+    result["host_us_per_call"] = host_us_per_call()
+    print("host us per call:", {k: round(v, 1) for k, v in result["host_us_per_call"].items()}, flush=True)
     for name in args.configs.split(","):
         if name not in CONFIGS:
             raise SystemExit(f"--configs: unknown config {name!r} (known: {', '.join(CONFIGS)})")
@@ -116,13 +150,25 @@ def main(argv: list[str] | None = None) -> int:
         runs = [("unified", unified, True), ("torch", torch_impls(), True)]
         if not args.no_launch_ab:
             runs.append(("unified_triton_launch", unified, False))
-        for label, impls, fast in runs:
+        # Every model built first, then the forwards interleaved (one of each per repeat), so drift of the host or
+        # the GPU's clocks over the run hits them alike; the median per model is reported.
+        models = {label: (MoEDecoder(shape, 0, "cuda", impls=impls), fast) for label, impls, fast in runs}
+        times: dict = {label: [] for label in models}
+        lps: dict = {}
+        for r in range(args.reps + 2):  # two warm-up rounds
+            for label, (m, fast) in models.items():
+                launch.ENABLED = fast
+                ms, lps[label] = forward_ms(m, seqs, prompts)
+                if r >= 2:
+                    times[label].append(ms)
+        for label, (m, fast) in models.items():
             launch.ENABLED = fast
-            m = MoEDecoder(shape, 0, "cuda", impls=impls)
-            row[label] = time_forward(m, seqs, prompts, args.reps)
-            row[label]["families"] = breakdown(m, seqs, prompts)
-            del m
-            torch.cuda.empty_cache()
+            row[label] = {"ms": statistics.median(times[label]), "ms_all": times[label],
+                          "peak_extra_GB": peak_extra_gb(m, seqs, prompts),
+                          "mean_logprob": float(torch.cat(lps[label]).mean()),
+                          "families": breakdown(m, seqs, prompts)}
+        del models
+        torch.cuda.empty_cache()
         launch.ENABLED = True
         row["unified_over_torch"] = row["unified"]["ms"] / row["torch"]["ms"]
         result["configs"][name] = row
