@@ -9,7 +9,8 @@ and torch.compile's tracing always take Triton's path.
 
 Kernels pass their tensors and scalars positionally and their constexprs and launch options (num_warps, ...)
 by keyword. An argument with a `full()` method is a light host-descriptor record (fields Triton's launcher
-reads); Triton's own path gets `full()`. Imported by the kernels' sources (an allowed import of the audit).
+reads); Triton's own path gets `full()`. `cdiv` and `pow2` are the host arithmetic of grids. Imported by the
+kernels' sources (an allowed import of the audit); a source used without tik-evo falls back to Triton's own.
 """
 
 from __future__ import annotations
@@ -96,6 +97,16 @@ def fast(kernel, enabled: bool = True):
     if launch is None:
         launch = _LAUNCHERS[kernel] = Launcher(kernel)
     return launch if enabled else _Triton(kernel)
+
+
+def cdiv(a: int, b: int) -> int:
+    """Host-side ceil division for grids (triton.cdiv unwraps constexprs: microseconds a call, every launch)."""
+    return -(-a // b)
+
+
+def pow2(n: int) -> int:
+    """Host-side next power of two (as triton.next_power_of_2, without its constexpr-call cost)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def _full(args: tuple) -> tuple:

@@ -10,19 +10,14 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast, pow2
 except ImportError:
+    from triton import cdiv
+    from triton import next_power_of_2 as pow2
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 0 else 0  # host-side triton.next_power_of_2
 
 
 KNOBS = {
@@ -101,13 +96,13 @@ def _add_rms_rows_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, y32_ptr, n_rows, H, 
 def _block_h(hidden: int) -> int:
     # 0 means "the whole row in one chunk": the next power of two of the width (depends on the width only).
     b = KNOBS["BLOCK_H"]
-    return _pow2(hidden) if b == 0 else b
+    return pow2(hidden) if b == 0 else b
 
 
 def _launch(x, residual, weight, eps, out, res_out, out32, rows_per_program, num_stages, weight_load):
     n_rows, hidden = x.shape
     block = _block_h(hidden)
-    grid = (_cdiv(n_rows, rows_per_program),)
+    grid = (cdiv(n_rows, rows_per_program),)
     fast(_add_rms_rows_kernel)[grid](
         x, residual, weight, out, res_out, out32 if out32 is not None else out, n_rows, hidden, eps,
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block, ONE_CHUNK=block >= hidden,

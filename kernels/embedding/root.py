@@ -9,15 +9,13 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast
 except ImportError:
+    from triton import cdiv
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
 
 
 KNOBS = {
@@ -67,7 +65,7 @@ def _launch(ids, weight, out, path):
     H = weight.shape[1]
     block, rows_per_program = KNOBS[path + "_BLOCK_H"], KNOBS[path + "_ROWS_PER_PROGRAM"]
     split = KNOBS[path + "_SPLIT_ROW"]
-    grid = (_cdiv(n_rows, rows_per_program), _cdiv(H, block) if split else 1)
+    grid = (cdiv(n_rows, rows_per_program), cdiv(H, block) if split else 1)
     fast(_embedding_kernel)[grid](ids, weight, out, n_rows, H, ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block,
                             SPLIT_ROW=split, num_warps=KNOBS[path + "_NUM_WARPS"])
 

@@ -12,19 +12,14 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast, pow2
 except ImportError:
+    from triton import cdiv
+    from triton import next_power_of_2 as pow2
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 0 else 0  # host-side triton.next_power_of_2
 
 
 KNOBS = {
@@ -73,7 +68,7 @@ def _append_decode_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, pos_ptr, n_seqs,
 
 
 def _block_w(width: int) -> int:
-    return min(_pow2(width), 1024)
+    return min(pow2(width), 1024)
 
 
 def kv_append_full(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -85,7 +80,7 @@ def kv_append_full(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_ca
     page_size = k_cache.shape[1]
     W = k_cache.shape[2] * k_cache.shape[3]
     tpp = KNOBS["FULL_TOKENS_PER_PROGRAM"]
-    grid = (n_seqs, _cdiv(max(max_seqlen, 1), tpp))
+    grid = (n_seqs, cdiv(max(max_seqlen, 1), tpp))
     fast(_append_full_kernel)[grid](k, v, k_cache, v_cache, block_table, cu_seqlens, start_pos, block_table.stride(0),
                               page_size, W, TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W),
                               num_warps=KNOBS["FULL_NUM_WARPS"])
@@ -98,6 +93,6 @@ def kv_append_decode(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_
     page_size = k_cache.shape[1]
     W = k_cache.shape[2] * k_cache.shape[3]
     tpp = KNOBS["DECODE_TOKENS_PER_PROGRAM"]
-    fast(_append_decode_kernel)[(_cdiv(n_seqs, tpp),)](
+    fast(_append_decode_kernel)[(cdiv(n_seqs, tpp),)](
         k, v, k_cache, v_cache, block_table, positions, n_seqs, block_table.stride(0), page_size, W,
         TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W), num_warps=KNOBS["DECODE_NUM_WARPS"])

@@ -24,19 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast, pow2
 except ImportError:
+    from triton import cdiv
+    from triton import next_power_of_2 as pow2
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 0 else 0  # host-side triton.next_power_of_2
 
 
 KNOBS = {
@@ -385,10 +380,10 @@ def _auto_tiles(M, N, K, bm, k_chunk, n_chunks, may_split, max_tiles, sms):
     as the SMs need. Ties go to in-program chunks (no merge launch), then to the narrower tile."""
     options = []
     for bn in (32, 64, 128):
-        tiles = _cdiv(M, bm) * _cdiv(N, bn)
+        tiles = cdiv(M, bm) * cdiv(N, bn)
         for par in (False, True) if may_split and (not max_tiles or tiles <= max_tiles) else (False,):
             programs = tiles * (n_chunks if par else 1)
-            options.append((_cdiv(programs, sms) * (bm + bn) * (k_chunk if par else K), par, bn))
+            options.append((cdiv(programs, sms) * (bm + bn) * (k_chunk if par else K), par, bn))
     _, parallel, bn = min(options)
     return bn, parallel
 
@@ -405,21 +400,21 @@ def _fit_stages(tiles, bm, bn, unroll, sms):
     SMs in the fewest waves (shared memory decides how many 4-warp programs an SM holds; schedule only)."""
     stage = (bm + bn) * KNOBS["BLOCK_K"] * 2 * unroll  # bf16 x and W tiles of one pipeline stage
     return min(range(2, MAX_DECODE_STAGES + 1),
-               key=lambda s: (_cdiv(tiles, sms * max(1, SMEM_PER_SM // (s * stage + 1024))), -s))
+               key=lambda s: (cdiv(tiles, sms * max(1, SMEM_PER_SM // (s * stage + 1024))), -s))
 
 
 def _schedule(M, N, K, path, sms=132, write32=False, tma=True):
     """Tiles, warps, stages, unrolling and chunk execution of one launch (schedule only: no bits depend on it).
     `write32`: the launch also stores the fp32 output; `tma`: its operands can be loaded by TMA."""
     k_chunk = _k_chunk(K)
-    n_chunks = _cdiv(K, k_chunk) if k_chunk else 1
+    n_chunks = cdiv(K, k_chunk) if k_chunk else 1
     split_max_m = KNOBS["DECODE_SPLIT_MAX_M"] if path == "DECODE" else 0
     parallel = n_chunks > 1 and KNOBS[path + "_SPLIT_PARALLEL"] and (split_max_m == 0 or split_max_m >= M)
     src = path
     if path == "DECODE" and 0 < KNOBS["DECODE_FULL_TILES_M"] <= M:
         # A decode batch big enough to be a GEMM takes the full path's tiles, warps and stages, when they
         # still make DECODE_FULL_TILES_MIN_PROGRAMS programs (parallel K chunks count).
-        programs = _cdiv(M, KNOBS["FULL_BLOCK_M"]) * _cdiv(N, KNOBS["FULL_BLOCK_N"])
+        programs = cdiv(M, KNOBS["FULL_BLOCK_M"]) * cdiv(N, KNOBS["FULL_BLOCK_N"])
         if programs * (n_chunks if parallel else 1) >= KNOBS["DECODE_FULL_TILES_MIN_PROGRAMS"]:
             src = "FULL"
     sch = {"bm": KNOBS[src + "_BLOCK_M"], "bn": KNOBS[src + "_BLOCK_N"], "group_m": KNOBS[src + "_GROUP_M"],
@@ -437,8 +432,8 @@ def _schedule(M, N, K, path, sms=132, write32=False, tma=True):
     items = (path == "FULL" and n_chunks > 1 and KNOBS["FULL_CHUNKED_WIDE"] != "off" and not parallel
              and n_chunks <= KNOBS["FULL_PERSISTENT_MAX_CHUNKS"] and K % k_chunk == 0)
     if items and KNOBS["FULL_CHUNKED_WIDE"] == "auto":
-        narrow = _cdiv(M, sch["bm"]) * _cdiv(N, sch["bn"])
-        items = 2 * WIDE_PAIR_COST * _cdiv(_cdiv(narrow, 2), sms) <= _cdiv(narrow, sms)
+        narrow = cdiv(M, sch["bm"]) * cdiv(N, sch["bn"])
+        items = 2 * WIDE_PAIR_COST * cdiv(cdiv(narrow, 2), sms) <= cdiv(narrow, sms)
     wide = path == "FULL" and (n_chunks == 1 or items) and KNOBS["FULL_UNSPLIT_TILE"] != "same" and tma
     if wide:
         bm, bn = (int(v) for v in KNOBS["FULL_UNSPLIT_TILE"].split("x"))
@@ -450,7 +445,7 @@ def _schedule(M, N, K, path, sms=132, write32=False, tma=True):
         sch["stages"] = KNOBS["FULL_SHORT_K_NUM_STAGES"]
     if path == "DECODE" and KNOBS["DECODE_SMALL_M"] >= M:
         # GEMV-like launches get their own schedule (tl.dot's bits do not follow the tile, warps or stages).
-        sch.update(bm=max(16, _pow2(M)), bn=KNOBS["DECODE_SMALL_BLOCK_N"],
+        sch.update(bm=max(16, pow2(M)), bn=KNOBS["DECODE_SMALL_BLOCK_N"],
                    unroll=KNOBS["DECODE_SMALL_K_UNROLL"], warps=KNOBS["DECODE_SMALL_NUM_WARPS"],
                    stages=KNOBS["DECODE_SMALL_NUM_STAGES"])
     if path == "DECODE" and src == "DECODE" and KNOBS["DECODE_SMALL_M"] < M and sch["bn"] == 0:
@@ -458,10 +453,10 @@ def _schedule(M, N, K, path, sms=132, write32=False, tma=True):
                                           KNOBS["DECODE_SPLIT_MAX_TILES"], sms)
     elif parallel and path == "DECODE" and KNOBS["DECODE_SPLIT_MAX_TILES"]:
         # A launch with tiles enough to fill the GPU gains nothing from parallel chunks but pays their merge.
-        tiles = _cdiv(M, sch["bm"]) * _cdiv(N, sch["bn"])
+        tiles = cdiv(M, sch["bm"]) * cdiv(N, sch["bn"])
         parallel = tiles <= KNOBS["DECODE_SPLIT_MAX_TILES"]
     if path == "DECODE" and src == "DECODE" and KNOBS["DECODE_SMALL_M"] < M and sch["stages"] == 0:
-        tiles = _cdiv(M, sch["bm"]) * _cdiv(N, sch["bn"]) * (n_chunks if parallel else 1)
+        tiles = cdiv(M, sch["bm"]) * cdiv(N, sch["bn"]) * (n_chunks if parallel else 1)
         sch["stages"] = _fit_stages(tiles, sch["bm"], sch["bn"], sch["unroll"], sms)
     flat = not parallel and n_chunks > 1 and KNOBS[path + "_CHUNK_LOOP"] == "flat"
     if flat:
@@ -487,7 +482,7 @@ def _launch(x, weight, bias, out, out32, path):
     has_bias, write32 = bias is not None, out32 is not None
     b = bias if has_bias else out
     even_k = K % block_k == 0 and k_chunk % block_k == 0
-    tiles = _cdiv(M, bm) * _cdiv(N, bn)
+    tiles = cdiv(M, bm) * cdiv(N, bn)
     meta = dict(BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=block_k, GROUP_M=sch["group_m"], EVEN_K=even_k, USE_TMA=use_tma,
                 UNROLL=sch["unroll"], num_warps=sch["warps"], num_stages=sch["stages"])
     if sch["persistent_per_sm"] and use_tma:
@@ -505,7 +500,7 @@ def _launch(x, weight, bias, out, out32, path):
             x, weight, ws, M, N, K, x.stride(0), x.stride(1), weight.stride(0), weight.stride(1),
             K_CHUNK=k_chunk, **meta)
         block = 1024
-        fast(_linear_merge_kernel)[(_cdiv(M * N, block),)](
+        fast(_linear_merge_kernel)[(cdiv(M * N, block),)](
             ws, b, out, out32 if write32 else ws, M, N, sch["n_chunks"], out.stride(0), out.stride(1),
             HAS_BIAS=has_bias, WRITE32=write32, BLOCK=block, num_warps=4)
         return

@@ -19,15 +19,13 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast
 except ImportError:
+    from triton import cdiv
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
 
 
 KNOBS = {
@@ -228,7 +226,7 @@ def _launch(logits, target, temperature, logprob, entropy, lse, path):
     T, V = logits.shape
     chunk, warps, split = KNOBS["VOCAB_CHUNK"], KNOBS["NUM_WARPS"], KNOBS["VOCAB_SPLIT"]
     split = split if split > 0 else V
-    n_splits = _cdiv(V, split)
+    n_splits = cdiv(V, split)
     apply_temp = float(temperature) != 1.0
     write_lse = lse is not None
     stages, prefetch = KNOBS[path + "_NUM_STAGES"], KNOBS[path + "_PREFETCH"]
@@ -272,6 +270,6 @@ def logprob_backward(logits: torch.Tensor, target: torch.Tensor, temperature: fl
     lse = torch.empty_like(lp)
     _launch(logits, target, temperature, lp, ent, lse, "FULL")
     block = 4096
-    fast(_logprob_grad_kernel)[(T, _cdiv(V, block))](
+    fast(_logprob_grad_kernel)[(T, cdiv(V, block))](
         logits, target, lse, ent, grad_logprob.float().contiguous(), grad_entropy.float().contiguous(), grad_logits,
         V, logits.stride(0), temperature, BLOCK=block, APPLY_TEMP=float(temperature) != 1.0, num_warps=8)

@@ -38,19 +38,14 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast, pow2
 except ImportError:
+    from triton import cdiv
+    from triton import next_power_of_2 as pow2
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 0 else 0  # host-side triton.next_power_of_2
 
 
 KNOBS = {
@@ -252,7 +247,7 @@ def _route_kernel(x_ptr, w_ptr, w32_ptr, id_ptr, T, E, RENORM: tl.constexpr, WRI
 
 def _contract(E: int) -> dict:
     """The compile-time parameters both paths share (they depend on the number of experts only)."""
-    block_e = _pow2(E)
+    block_e = pow2(E)
     group = min(KNOBS["EXPERT_GROUP"], block_e)
     return {"BLOCK_T": KNOBS["BLOCK_T"], "BLOCK_E": block_e, "GROUP": group, "SELECT": KNOBS["SELECT"],
             "FROM_LOGITS": KNOBS["SELECT"] == "logit_key" and KNOBS["RENORM_FROM"] == "logits"}
@@ -281,12 +276,12 @@ def _launch(logits, weights, ids, weights32, renormalize, path):
     if T == 0:
         return
     block_t, warps = _tile(path, bool(renormalize))
-    grid = (_cdiv(_cdiv(T, block_t), tiles_pp),)
+    grid = (cdiv(cdiv(T, block_t), tiles_pp),)
     contract = {**_contract(E), "BLOCK_T": block_t}
     fast(_route_kernel)[grid](
         logits, weights, weights32 if weights32 is not None else weights, ids, T, E,
         RENORM=bool(renormalize), WRITE32=weights32 is not None, TOP_K=top_k,
-        K_PAD=_pow2(top_k), TILES_PER_PROGRAM=tiles_pp, PREFETCH=KNOBS[path + "_PREFETCH"],
+        K_PAD=pow2(top_k), TILES_PER_PROGRAM=tiles_pp, PREFETCH=KNOBS[path + "_PREFETCH"],
         STAGE_KEYS=_stage_keys(contract["BLOCK_E"], contract["GROUP"], path, block_t, warps), **contract,
         num_warps=warps, num_stages=KNOBS[path + "_NUM_STAGES"])
 

@@ -10,19 +10,14 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast, pow2
 except ImportError:
+    from triton import cdiv
+    from triton import next_power_of_2 as pow2
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 0 else 0  # host-side triton.next_power_of_2
 
 
 KNOBS = {
@@ -76,14 +71,14 @@ def _launch(q, k, q_weight, k_weight, eps, q_out, k_out, q32, k32, tiles_per_pro
     D = q.shape[-1]
     rows = KNOBS["HEADS_PER_TILE"]
     nq_rows, nk_rows = q.numel() // D, k.numel() // D
-    nq_tiles = _cdiv(nq_rows, rows)
-    n_tiles = nq_tiles + _cdiv(nk_rows, rows)
+    nq_tiles = cdiv(nq_rows, rows)
+    n_tiles = nq_tiles + cdiv(nk_rows, rows)
     write32 = q32 is not None
-    grid = (_cdiv(n_tiles, tiles_per_program),)
+    grid = (cdiv(n_tiles, tiles_per_program),)
     fast(_qk_norm_kernel)[grid](
         q, k, q_weight, k_weight, q_out, k_out, q32 if write32 else q_out, k32 if write32 else k_out,
         nq_rows, nk_rows, nq_tiles, n_tiles, D, eps,
-        TILES_PER_PROGRAM=tiles_per_program, ROWS=rows, BLOCK_D=_pow2(D),
+        TILES_PER_PROGRAM=tiles_per_program, ROWS=rows, BLOCK_D=pow2(D),
         CAST_BEFORE_WEIGHT=KNOBS["CAST_BEFORE_WEIGHT"], WRITE32=write32,
         num_warps=KNOBS["NUM_WARPS"], num_stages=num_stages,
     )

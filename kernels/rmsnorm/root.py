@@ -9,15 +9,13 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast
 except ImportError:
+    from triton import cdiv
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
 
 
 KNOBS = {
@@ -63,7 +61,7 @@ def _rms_rows_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, n_rows, H, eps,
 
 def _launch(x, weight, eps, out, out32, rows_per_program, num_stages):
     n_rows, hidden = x.shape
-    grid = (_cdiv(n_rows, rows_per_program),)
+    grid = (cdiv(n_rows, rows_per_program),)
     fast(_rms_rows_kernel)[grid](
         x, weight, out, out32 if out32 is not None else out, n_rows, hidden, eps,
         ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=KNOBS["BLOCK_H"], WRITE32=out32 is not None,

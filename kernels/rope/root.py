@@ -24,19 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast, pow2
 except ImportError:
+    from triton import cdiv
+    from triton import next_power_of_2 as pow2
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
-
-
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length() if n > 0 else 0  # host-side triton.next_power_of_2
 
 
 KNOBS = {
@@ -218,14 +213,14 @@ def _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, rows, t
         raise ValueError("cos, sin and positions are required unless rows= (pre-gathered cos/sin rows) is given")
     if sincos and (inv_freq is None or inv_freq.dtype != torch.float64 or inv_freq.numel() != half):
         raise ValueError("COS_SIN='sincos' needs inv_freq: fp64 [head_dim // 2] on the device")
-    programs = _cdiv(n_tokens, tokens_per_program)
+    programs = cdiv(n_tokens, tokens_per_program)
     if head_split == 0:  # auto: split a token's heads over up to 4 programs while that still fits one wave
         head_split = 1
         while head_split < 4 and programs * head_split * 2 <= _sm_count(q.device):
             head_split *= 2
     grid = (programs, head_split)
-    block_qh = _pow2(_cdiv(n_q_heads, head_split))
-    block_kh = _pow2(_cdiv(n_k_heads, head_split))
+    block_qh = pow2(cdiv(n_q_heads, head_split))
+    block_kh = pow2(cdiv(n_k_heads, head_split))
     if sincos:  # k in a tile of q's shape: one register layout, so cos/sin are computed once, not per layout
         block_kh = block_qh = max(block_qh, block_kh)
     fast(_rope_kernel)[grid](
@@ -233,7 +228,7 @@ def _launch(q, k, cos, sin, positions, q_out, k_out, q32, k32, inv_freq, rows, t
         q32 if write32 else q_out, k32 if write32 else k_out,
         n_tokens, n_q_heads, n_k_heads, half,
         TOKENS_PER_PROGRAM=tokens_per_program, BLOCK_QH=block_qh, BLOCK_KH=block_kh,
-        BLOCK_HALF=_pow2(half), ROUND_TABLE=KNOBS["ROUND_TABLE_TO_BF16"], INVERSE=inverse,
+        BLOCK_HALF=pow2(half), ROUND_TABLE=KNOBS["ROUND_TABLE_TO_BF16"], INVERSE=inverse,
         WRITE32=write32, SINCOS=sincos, EARLY_LOADS=load_order == "early", HEAD_SPLIT=head_split,
         ROWS=rows is not None, num_warps=num_warps, num_stages=num_stages,
     )

@@ -11,15 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
-    from tik_evo.launch import fast
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
+    from tik_evo.launch import cdiv, fast
 except ImportError:
+    from triton import cdiv
+
     def fast(kernel):
         return kernel
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)  # host-side ceil division (triton.cdiv unwraps constexprs: microseconds a call, every launch)
 
 
 KNOBS = {
@@ -81,8 +79,8 @@ def _silu_mul_kernel(g_ptr, u_ptr, y_ptr, y32_ptr, n_rows, I, g_stride, u_stride
 def _grid(n_rows: int, inter: int, path: str) -> tuple[tuple[int, int], bool]:
     """(launch grid, whether column blocks vary fastest). Grid axis 1 holds at most 65535 programs, so row
     counts beyond that keep the row-first order."""
-    rows = _cdiv(n_rows, KNOBS[path + "_ROWS_PER_PROGRAM"])
-    cols = _cdiv(inter, KNOBS[path + "_BLOCK_I"])
+    rows = cdiv(n_rows, KNOBS[path + "_ROWS_PER_PROGRAM"])
+    cols = cdiv(inter, KNOBS[path + "_BLOCK_I"])
     if KNOBS[path + "_COLS_FASTEST"] and rows <= 65535:
         return (cols, rows), True
     return (rows, cols), False

@@ -131,6 +131,8 @@ def test_a_kernel_file_used_without_tik_evo_launches_through_triton(monkeypatch)
     # that may not have tik-evo installed: its launches then go through Triton, same kernels, same results.
     import sys
 
+    import triton
+
     from tik_evo.candidate import load_source
     from tik_evo.families import load_family
 
@@ -141,22 +143,22 @@ def test_a_kernel_file_used_without_tik_evo_launches_through_triton(monkeypatch)
         if name == "attention":
             assert alone.launch is None and type(alone._fast(alone._prefill_kernel)).__name__ == "_TritonLaunch"
         else:
-            assert alone.fast(alone._silu_mul_kernel) is alone._silu_mul_kernel
+            assert alone.fast(alone._silu_mul_kernel) is alone._silu_mul_kernel and alone.cdiv is triton.cdiv
         case = fam.check_cases("small")[0]
         assert all(c.passed for c in fam.run_checks(alone, case, 0, "cpu")), name
 
 
-def test_the_roots_host_arithmetic_matches_triton():
-    # Each root computes its grids with its own _cdiv / _pow2 (triton.cdiv and triton.next_power_of_2 cost
-    # microseconds a call); they must give Triton's values.
+def test_host_grid_arithmetic_matches_triton():
+    # The roots compute their grids with tik_evo.launch's cdiv / pow2 (attention with its own _cdiv / _pow2):
+    # triton.cdiv and triton.next_power_of_2 cost microseconds a call. They must give Triton's values.
     import triton
 
     from tik_evo.candidate import load_source
     from tik_evo.families import load_family
 
-    for name in ("add_rmsnorm", "embedding", "kv_append", "linear", "logprob", "moe_routing", "qk_rmsnorm",
-                 "rmsnorm", "rope", "silu_mul", "attention"):
-        mod = load_source(load_family(name).root_source(), f"{name}_host")
-        assert all(mod._cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in range(1, 70)), name
-        if hasattr(mod, "_pow2"):
-            assert all(mod._pow2(n) == triton.next_power_of_2(n) for n in range(0, 600)), name
+    attention = load_source(load_family("attention").root_source(), "attention_host")
+    for cdiv, pow2 in ((fl.cdiv, fl.pow2), (attention._cdiv, attention._pow2)):
+        assert all(cdiv(a, b) == triton.cdiv(a, b) for a in range(0, 300) for b in range(1, 70))
+        assert all(pow2(n) == triton.next_power_of_2(n) for n in range(0, 600))
+    linear = load_source(load_family("linear").root_source(), "linear_host")
+    assert linear.cdiv is fl.cdiv and linear.pow2 is fl.pow2
