@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="attention as this named set (kernels/attention/bench.py) instead of its root; needs the "
                          "engine's packages (omegaconf)")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU (the CPU checks of the same model are tests/model/)")
+        return 2
     families = MOE_FAMILIES if args.model == "moe" else FAMILIES
     impls = (with_sets({"attention": args.attention_set}, "--attention-set", families) if args.attention_set
              else roots(families))

@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-launch-ab", action="store_true",
                     help="skip the unified model with Triton's own launch path (tik_evo.launch off)")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU (the CPU checks of the same model are tests/model/)")
+        return 2
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "attention_set": args.attention_set or "root", "configs": {}}

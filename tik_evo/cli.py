@@ -293,11 +293,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+# `tik-evo bench NAME` for the benchmarks that are not one family's: NAME -> benchmarks/<script>.py
+SUITES = {"ops": "ops_gpu", "model": "model_consistency_gpu", "model-speed": "model_speed_gpu"}
+
+
 def cmd_bench(args) -> int:
-    """`tik-evo bench attention` runs kernels/attention/bench.py; `tik-evo bench ops` the operator families."""
-    if args.family == "ops":
+    """`tik-evo bench attention` runs kernels/attention/bench.py; `tik-evo bench ops` the operator families;
+    `tik-evo bench model` rollout against training log-probs of a whole model, `model-speed` its training forward
+    against cuBLAS / SDPA / torch."""
+    if args.family in SUITES:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-        module = importlib.import_module("ops_gpu")
+        module = importlib.import_module(SUITES[args.family])
     else:
         try:
             module = importlib.import_module(f"kernels.{args.family}.bench")
@@ -427,7 +433,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--list", action="store_true", help="list the family's named sets and knobs")
     r.add_argument("-o", "--output", help="write the source here (default: standard output)")
     r.set_defaults(fn=cmd_kernel)
-    r = sub.add_parser("bench", help="benchmark a family against its peers (GPU)")
+    r = sub.add_parser("bench", help="benchmark a family against its peers, or run ops / model / model-speed (GPU)")
     r.add_argument("family")
     r.add_argument("rest", nargs=argparse.REMAINDER)
     r.set_defaults(fn=cmd_bench)
