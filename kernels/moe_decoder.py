@@ -45,7 +45,7 @@ class MoEShape:
 
 class MoEDecoder:
     def __init__(self, shape: MoEShape, seed: int, device: str, impls: dict[str, ModuleType] | None = None,
-                 temperature: float = 1.0):
+                 temperature: float = 1.0, grouped_experts: bool = False):
         from kernels.rope.family import rope_table
 
         if shape.experts and not 0 < shape.top_k <= shape.experts:
@@ -74,6 +74,13 @@ class MoEDecoder:
         self.w_gate = [[w(s.intermediate, s.hidden) for _ in range(mlps)] for _ in n_layers]
         self.w_up = [[w(s.intermediate, s.hidden) for _ in range(mlps)] for _ in n_layers]
         self.w_down = [[w(s.hidden, s.intermediate) for _ in range(mlps)] for _ in n_layers]
+        # Each layer's experts also as one [experts, out, in] tensor (the lists become views of it): the grouped
+        # launch (`grouped_experts`: linear_grouped_*, one launch per projection instead of one per expert).
+        self.grouped = grouped_experts and bool(s.experts)
+        for name in ("w_gate", "w_up", "w_down"):
+            stacked = [torch.stack(per_layer) for per_layer in getattr(self, name)]
+            setattr(self, name + "_stacked", stacked)
+            setattr(self, name, [list(t.unbind(0)) for t in stacked])
         self.w_lm = w(s.vocab, s.hidden, scale=4.0)
         self.cos, self.sin = rope_table(s.max_pos, s.head_dim, s.theta, None, device)
         self.expert_rows = 0  # tokens routed, summed over layers and calls (a check that the MoE path ran)
@@ -122,7 +129,9 @@ class MoEDecoder:
         weights, ids = self._empty(x.shape[0], s.top_k), self._empty(x.shape[0], s.top_k, dtype=torch.int32)
         self._op("moe_routing", path, self._linear(x, self.w_router[layer], path), weights, ids)
         per_slot = self._empty(x.shape[0], s.top_k, s.hidden)
-        for e in torch.unique(ids).tolist():
+        if self.grouped:
+            per_slot.view(-1, s.hidden)[:] = self._grouped_ffn(layer, x, ids, path)
+        for e in ([] if self.grouped else torch.unique(ids).tolist()):
             rows, slots = (ids == e).nonzero(as_tuple=True)
             per_slot[rows, slots] = self._ffn(layer, e, x[rows].contiguous(), path)
             self.expert_rows += rows.numel()
@@ -130,6 +139,27 @@ class MoEDecoder:
         for slot in range(s.top_k):
             y = y + weights[:, slot:slot + 1].float() * per_slot[:, slot].float()
         return y.to(torch.bfloat16)
+
+    def _grouped_ffn(self, layer: int, x: torch.Tensor, ids: torch.Tensor, path: str) -> torch.Tensor:
+        """Every (token, slot) pair's expert MLP in three grouped launches: rows sorted by expert; returned in
+        (token, slot) order."""
+        s = self.s
+        flat = ids.flatten().long()
+        order = torch.argsort(flat, stable=True)
+        starts = torch.zeros(s.experts + 1, dtype=torch.int32, device=self.device)
+        torch.cumsum(torch.bincount(flat, minlength=s.experts), 0, out=starts[1:])
+        xs = x[order // s.top_k].contiguous()
+        gate, up = self._empty(xs.shape[0], s.intermediate), self._empty(xs.shape[0], s.intermediate)
+        self._op("linear", "grouped_" + path, xs, self.w_gate_stacked[layer], starts, gate)
+        self._op("linear", "grouped_" + path, xs, self.w_up_stacked[layer], starts, up)
+        act = torch.empty_like(gate)
+        self._op("silu_mul", path, gate, up, act)
+        down = self._empty(xs.shape[0], s.hidden)
+        self._op("linear", "grouped_" + path, act, self.w_down_stacked[layer], starts, down)
+        self.expert_rows += xs.shape[0]
+        out = torch.empty_like(down)
+        out[order] = down
+        return out
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, path: str, attend) -> torch.Tensor:
         """Logits of the rows `ids` at `positions`; attend(layer, q, k, v) -> [rows, q_heads * head_dim]."""

@@ -19,6 +19,23 @@ def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) 
     return y + bias.double() if bias is not None else y
 
 
+def _grouped_checks(impl, x, w, full32, g, tag, device) -> list[Check]:
+    """The grouped launch (one launch for several weights, an MoE layer's experts): the case's weight as expert 1
+    of 3, the rows split over the experts (expert 0 empty); expert 1's rows must equal the full pass's bits in both
+    paths."""
+    tokens, n = full32.shape[0], full32.shape[1]
+    other = checks.randn((2, n, x.shape[1]), g, torch.bfloat16, device, x.shape[1] ** -0.5)
+    weights = torch.stack([other[0], w, other[1]])
+    cut = tokens // 2
+    starts = torch.tensor([0, 0, cut, tokens], dtype=torch.int32, device=device)
+    out = []
+    for path in ("full", "decode"):
+        y, y32 = _outputs(tokens, n, device)
+        getattr(impl, f"linear_grouped_{path}")(x, weights, starts, y, y32)
+        out.append(checks.bitwise(f"grouped {path} == full rows (fp32) {tag}", y32[:cut], full32[:cut]))
+    return out
+
+
 class LinearFamily(Family):
     name = "linear"
     entry_points = ("linear_full", "linear_decode")
@@ -197,6 +214,8 @@ class LinearFamily(Family):
         impl.linear_full(x[:p].contiguous(), w, b, part, part32)
         out += [checks.bitwise(f"full prefix == full rows (bf16) {tag}", part, full[:p]),
                 checks.bitwise(f"full prefix == full rows (fp32) {tag}", part32, full32[:p])]
+        if hasattr(impl, "linear_grouped_full") and b is None:
+            out += _grouped_checks(impl, x, w, full32, g, tag, device)
         if hasattr(impl, "linear_backward"):
             out += _backward_checks(impl, x, w, b, g, tag, device)
         return out

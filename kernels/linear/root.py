@@ -343,6 +343,43 @@ def _sms(device: torch.device) -> int:
     return _SMS[idx]
 
 
+@triton.jit(do_not_specialize=["T"])
+def _linear_grouped_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, starts_ptr, first_ptr, E, T, N, K, sxm, sxk, swe, swn, swk,
+                           sym, syn, K_CHUNK: tl.constexpr, WRITE32: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, E_STEPS: tl.constexpr):
+    # Program (row tile, column tile) of the grouped launch: row tile t belongs to the expert e whose tiles start
+    # at first[e] <= t < first[e + 1] (a binary search over E + 1 entries); its rows are starts[e] + BLOCK_M *
+    # (t - first[e]) + arange, within that expert's rows [starts[e], starts[e + 1]). The K loop and the store are
+    # linear_full's (`_k_range` / `_k_chunks_flat` with pointer loads), so each row gets linear_full's bits for
+    # its expert's weight. Tiles past the last expert's (the grid is an upper bound) store nothing.
+    t = tl.program_id(0)
+    lo = 0
+    hi = E - 1
+    for _ in tl.static_range(E_STEPS):  # the last e with first[e] <= t (first[0] = 0): t's expert
+        mid = (lo + hi + 1) // 2
+        ok = tl.load(first_ptr + mid) <= t
+        lo = tl.where(ok, mid, lo)
+        hi = tl.where(ok, hi, mid - 1)
+    e = lo
+    valid = t < tl.load(first_ptr + E)
+    row0 = tl.where(valid, tl.load(starts_ptr + e) + (t - tl.load(first_ptr + e)) * BLOCK_M, 0)
+    row_end = tl.where(valid, tl.load(starts_ptr + e + 1), 0)
+    count = tl.maximum(row_end - row0, 1)
+    rows = row0 + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = row0 + tl.arange(0, BLOCK_M) % count  # rows past the tile's end read one of its rows, never stored
+    offs_n = cols % N
+    w = w_ptr + e.to(tl.int64) * swe
+    if K_CHUNK == 0:
+        total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
+                       _k_range(x_ptr, w, offs_m, offs_n, 0, 0, T, N, K, 0, K, sxm, sxk, swn, swk, BLOCK_M, BLOCK_N,
+                                BLOCK_K, EVEN_K, False, 1))
+    else:
+        total = _k_chunks_flat(x_ptr, w, offs_m, offs_n, 0, 0, T, N, K, sxm, sxk, swn, swk, K_CHUNK, BLOCK_M, BLOCK_N,
+                               BLOCK_K, EVEN_K, False)
+    _store_tile(total, y_ptr, y_ptr, y32_ptr, rows, cols, row_end, N, sym, syn, False, WRITE32)
+
+
 def _tma_alloc(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
@@ -521,6 +558,43 @@ def linear_decode(x: torch.Tensor, weight: torch.Tensor, bias, out: torch.Tensor
                   out32: torch.Tensor | None = None) -> None:
     """One token per sequence: x [batch, K]; same per-element numerics as linear_full."""
     _launch(x, weight, bias, out, out32, "DECODE")
+
+
+def _launch_grouped(x, weights, starts, out, out32, path):
+    T, K = x.shape
+    E, N = weights.shape[0], weights.shape[1]
+    if weights.dim() != 3 or weights.shape[2] != K or starts.numel() != E + 1 or out.shape != (T, N):
+        raise ValueError(f"linear_grouped: x [T, K] = {list(x.shape)}, weights [E, N, K] = {list(weights.shape)}, "
+                         f"starts [E + 1] = {list(starts.shape)}, out [T, N] = {list(out.shape)} do not agree")
+    k_chunk = _k_chunk(K)
+    bm, bn = KNOBS[path + "_BLOCK_M"], KNOBS[path + "_BLOCK_N"] or 64
+    starts = starts.to(torch.int32)
+    # Row tiles per expert and where each expert's tiles begin, on the device (no host sync); the grid is the
+    # most tiles any split of T rows over E experts can make.
+    first = torch.zeros(E + 1, dtype=torch.int32, device=x.device)
+    torch.cumsum((starts[1:] - starts[:-1] + bm - 1) // bm, 0, out=first[1:])
+    even_k = K % KNOBS["BLOCK_K"] == 0 and k_chunk % KNOBS["BLOCK_K"] == 0
+    write32 = out32 is not None
+    if T == 0:
+        return
+    fast(_linear_grouped_kernel)[(cdiv(T, bm) + E, cdiv(N, bn))](
+        x, weights, out, out32 if write32 else out, starts, first, E, T, N, K, x.stride(0), x.stride(1),
+        weights.stride(0), weights.stride(1), weights.stride(2), out.stride(0), out.stride(1), K_CHUNK=k_chunk,
+        WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=KNOBS["BLOCK_K"], EVEN_K=even_k,
+        E_STEPS=max(1, E.bit_length()), num_warps=KNOBS[path + "_NUM_WARPS"], num_stages=3)
+
+
+def linear_grouped_full(x: torch.Tensor, weights: torch.Tensor, starts: torch.Tensor, out: torch.Tensor,
+                        out32: torch.Tensor | None = None) -> None:
+    """Several weights in one launch (an MoE layer's experts): rows starts[e]:starts[e + 1] of x (sorted by
+    expert) go through weights[e] ([E, N, K]); each row gets linear_full's bits for its weight."""
+    _launch_grouped(x, weights, starts, out, out32, "FULL")
+
+
+def linear_grouped_decode(x: torch.Tensor, weights: torch.Tensor, starts: torch.Tensor, out: torch.Tensor,
+                          out32: torch.Tensor | None = None) -> None:
+    """linear_grouped_full with the decode path's tiles; the same bits."""
+    _launch_grouped(x, weights, starts, out, out32, "DECODE")
 
 
 def linear_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, grad_x: torch.Tensor,

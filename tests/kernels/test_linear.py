@@ -257,3 +257,33 @@ def test_profile_labels_each_launch_with_its_call():
         "root o M256", "root o M256", "cublas o M256", "cublas o M256", "root qkv M16384", "v2 qkv M16384",
         "cublas qkv M16384"]
     assert prof.label_launches(kernels + ["_linear_kernel"], order)[-1] == "?"  # more launches than calls
+
+
+@pytest.mark.parametrize("knobs,k", [({}, 160), ({"K_CHUNK": 544, "BLOCK_K": 32}, 1088)])
+def test_grouped_launch_gives_each_row_its_weights_linear_bits(knobs, k):
+    # One launch for several weights (an MoE layer's experts): rows starts[e]:starts[e+1] through weights[e].
+    # Every row must get linear_full's bits (bf16 and fp32) for its weight, in both paths, with empty experts,
+    # experts of one row and experts of several row tiles; k = 1088 with K_CHUNK 544 folds chunks.
+    import torch
+
+    impl = load("grouped" + str(k), **knobs)
+    g = torch.Generator().manual_seed(k)
+    counts = [3, 0, 70, 1, 0, 37]
+    starts = torch.tensor([0] + list(torch.tensor(counts).cumsum(0)), dtype=torch.int32)
+    T, n = int(starts[-1]), 40
+    x = torch.randn(T, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(len(counts), n, k, generator=g) * k ** -0.5).to(torch.bfloat16)
+    for grouped, single in ((impl.linear_grouped_full, impl.linear_full), (impl.linear_grouped_decode,
+                                                                          impl.linear_full)):
+        y, y32 = torch.full((T, n), float("nan"), dtype=torch.bfloat16), torch.full((T, n), float("nan"))
+        grouped(x, w, starts, y, y32)
+        for e in range(len(counts)):
+            lo, hi = int(starts[e]), int(starts[e + 1])
+            if lo == hi:
+                continue
+            ye, ye32 = torch.empty(hi - lo, n, dtype=torch.bfloat16), torch.empty(hi - lo, n)
+            single(x[lo:hi].contiguous(), w[e], None, ye, ye32)
+            assert torch.equal(y[lo:hi].view(torch.int16), ye.view(torch.int16)), e
+            assert torch.equal(y32[lo:hi].view(torch.int32), ye32.view(torch.int32)), e
+    with pytest.raises(ValueError, match="do not agree"):
+        impl.linear_grouped_full(x, w, starts[:-1], y, None)
