@@ -107,7 +107,8 @@ while [ $# -gt 0 ]; do
     model_moe)  # every family in a Qwen3-30B-A3B-shaped MoE decoder, batched rollout vs packed training (MOE_LAYERS)
       timeout 420 python3 benchmarks/model_consistency_gpu.py --model moe --layers ${MOE_LAYERS:-4} --seeds 2 \
         ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} ${MODEL_CONTROL:+--control $MODEL_CONTROL} \
-        --out "$OUT/model_consistency_moe${MOE_LAYERS:+_l$MOE_LAYERS}${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}${MODEL_CONTROL:+_$MODEL_CONTROL}.json" \
+        ${MOE_GROUPED:+--grouped-experts} \
+        --out "$OUT/model_consistency_moe${MOE_LAYERS:+_l$MOE_LAYERS}${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}${MODEL_CONTROL:+_$MODEL_CONTROL}${MOE_GROUPED:+_grouped}.json" \
         2>&1 | tail -15 ;;
     model_speed)  # the training forward of the model on the unified kernels against cuBLAS / SDPA / torch ops
       timeout 300 python3 benchmarks/model_speed_gpu.py ${MODEL_SPEED_CONFIGS:+--configs $MODEL_SPEED_CONFIGS} \

@@ -49,7 +49,8 @@ def moe_runs(args, impls) -> tuple[dict, list[dict]]:
     rows = []
     for seed in range(args.seeds):
         for temperature in (1.0, 0.7):
-            m = MoEDecoder(shape, seed, "cuda", impls=impls, temperature=temperature)
+            m = MoEDecoder(shape, seed, "cuda", impls=impls, temperature=temperature,
+                           grouped_experts=args.grouped_experts)
             g = torch.Generator().manual_seed(100 + seed)
             seqs = [torch.randint(0, shape.vocab, (p + a,), generator=g).to("cuda", torch.int32)
                     for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer", type=int, default=64)
     ap.add_argument("--model", choices=("dense", "moe"), default="dense")
     ap.add_argument("--layers", type=int, default=4, help="layers of the MoE model")
+    ap.add_argument("--grouped-experts", action="store_true",
+                    help="the MoE model's experts in grouped launches (linear_grouped_*)")
     ap.add_argument("--control", choices=("none", "cublas_decode"), default="none",
                     help="cublas_decode: rollout's linear layers through cuBLAS (a negative control)")
     ap.add_argument("--attention-set", default="",
@@ -117,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "model": args.model, "shape": shape_info,
               "prompt": args.prompt if args.model == "dense" else None, "attention_set": args.attention_set or "root",
-              "control": args.control,
+              "control": args.control, "grouped_experts": args.grouped_experts,
               "attention_knobs": getattr(impls["attention"], "KNOBS", {}), "runs": rows,
               "all_bit_exact": all(r["mismatching_logprobs"] == 0 for r in rows)}
     Path(args.out).write_text(json.dumps(result, indent=1))

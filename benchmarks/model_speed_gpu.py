@@ -150,12 +150,15 @@ def main(argv: list[str] | None = None) -> int:
         row = {"shape": shape.__dict__, "lens": lens, "prompts": prompts}
         unified = (with_sets({"attention": args.attention_set}, "--attention-set", FAMILIES) if args.attention_set
                    else roots(FAMILIES))
-        runs = [("unified", unified, True), ("torch", torch_impls(), True)]
+        runs = [("unified", unified, True, False), ("torch", torch_impls(), True, False)]
         if not args.no_launch_ab:
-            runs.append(("unified_triton_launch", unified, False))
+            runs.append(("unified_triton_launch", unified, False, False))
+        if shape.experts:  # the experts in grouped launches (linear_grouped_*), three per layer
+            runs.append(("unified_grouped", unified, True, True))
         # Every model built first, then the forwards interleaved (one of each per repeat), so drift of the host or
         # the GPU's clocks over the run hits them alike; the median per model is reported.
-        models = {label: (MoEDecoder(shape, 0, "cuda", impls=impls), fast) for label, impls, fast in runs}
+        models = {label: (MoEDecoder(shape, 0, "cuda", impls=impls, grouped_experts=grouped), fast)
+                  for label, impls, fast, grouped in runs}
         times: dict = {label: [] for label in models}
         lps: dict = {}
         for r in range(args.reps + 2):  # two warm-up rounds
@@ -177,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         result["configs"][name] = row
         if "unified_triton_launch" in row:
             print(f"{name}: with Triton's own launch path {row['unified_triton_launch']['ms']:.2f} ms", flush=True)
+        if "unified_grouped" in row:
+            print(f"{name}: experts in grouped launches {row['unified_grouped']['ms']:.2f} ms", flush=True)
         print(f"{name}: unified {row['unified']['ms']:.2f} ms ({row['unified']['peak_extra_GB']:.2f} GB peak), "
               f"torch {row['torch']['ms']:.2f} ms ({row['torch']['peak_extra_GB']:.2f} GB peak): "
               f"{row['unified_over_torch']:.3f}x; mean log-prob {row['unified']['mean_logprob']:.3f} / "
