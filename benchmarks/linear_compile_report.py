@@ -54,6 +54,20 @@ def report(mod, path: str, m: int, k: int = 4096, n: int = 4096, write32: bool =
             "fits_smem": out["shared_bytes"] <= SMEM_LIMIT}
 
 
+def report_grouped(mod, path: str, k: int, n: int, write32: bool = False) -> dict:
+    """The grouped launch (linear_grouped_*: several weights, an MoE layer's experts) with the path's tiles."""
+    bm, bn = mod.KNOBS[path + "_BLOCK_M"], mod.KNOBS[path + "_BLOCK_N"] or 64
+    k_chunk = mod._k_chunk(k)
+    sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*fp32" if write32 else "*bf16",
+           "starts_ptr": "*i32", "first_ptr": "*i32", "E": "i32", "T": "i32", "N": "i32", "K": "i32", "sxm": "i32",
+           "sxk": "i32", "swe": "i32", "swn": "i32", "swk": "i32", "sym": "i32", "syn": "i32"}
+    consts = {"sxk": 1, "swk": 1, "syn": 1, "K_CHUNK": k_chunk, "WRITE32": write32, "BLOCK_M": bm, "BLOCK_N": bn,
+              "BLOCK_K": mod.KNOBS["BLOCK_K"], "EVEN_K": k % mod.KNOBS["BLOCK_K"] == 0, "E_STEPS": 8}
+    aligned = {"x_ptr", "w_ptr", "y_ptr", "y32_ptr", "starts_ptr", "first_ptr", "N", "K", "sxm", "swe", "swn", "sym"}
+    return {"tile": f"{bm}x{bn}", "k_chunk": k_chunk,
+            **compile_sm90(mod._linear_grouped_kernel, sig, consts, mod.KNOBS[path + "_NUM_WARPS"], 3, aligned)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--source", type=Path, default=ROOT / "kernels" / "linear" / "root.py")
@@ -64,10 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, default=4096, help="K of the launch (sets the number of K_CHUNK chunks)")
     ap.add_argument("--n", type=int, default=4096, help="N of the launch (the schedule may follow it)")
     ap.add_argument("--write32", action="store_true", help="with the fp32 output (the family's checks ask for it)")
+    ap.add_argument("--grouped", action="store_true",
+                    help="report the grouped launch (linear_grouped_*) of both paths at --k / --n instead")
     args = ap.parse_args(argv)
     variants = json.loads(args.variants.read_text()) if args.variants else {"cli": json.loads(args.knobs)}
     for name, knobs in variants.items():
         mod = load_variant(args.source, knobs, f"linear_report_{name}")
+        if args.grouped:
+            print(json.dumps({"variant": name, **{f"grouped.{p.lower()}": report_grouped(mod, p, args.k, args.n,
+                                                                                        args.write32)
+                                                   for p in ("FULL", "DECODE")}}), flush=True)
+            continue
         row = {"variant": name, **{f"decode.M{m}": report(mod, "DECODE", m, args.k, args.n, args.write32)
                                       for m in args.m}}
         if args.full:
