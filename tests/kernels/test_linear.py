@@ -287,3 +287,22 @@ def test_grouped_launch_gives_each_row_its_weights_linear_bits(knobs, k):
             assert torch.equal(y32[lo:hi].view(torch.int32), ye32.view(torch.int32)), e
     with pytest.raises(ValueError, match="do not agree"):
         impl.linear_grouped_full(x, w, starts[:-1], y, None)
+
+
+def test_grouped_launch_compiles_for_hopper_to_wgmma_without_spills():
+    # No GPU in CI: the grouped launch is compiled for sm_90a offline (Triton's bundled ptxas), both paths, on a
+    # weight that folds K chunks (K 9728); it must use wgmma, not spill and fit in shared memory.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "linear_compile_report.py"), "--grouped",
+                        "--k", "9728", "--n", "2560"], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    for path in ("grouped.full", "grouped.decode"):
+        assert rep[path]["k_chunk"] == 4096 and rep[path]["HGMMA"] > 0, rep[path]
+        assert rep[path]["spill_store_bytes"] == 0 and 0 < rep[path]["shared_bytes"] <= 227 * 1024, rep[path]
