@@ -8,15 +8,18 @@ batch-invariant and not meant to be.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-
-def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    return w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The per-family benchmarks' peers, so the model-level baseline is the one each family is measured against.
+from ops_matmul_gpu import logprob_torch, routing_torch  # noqa: E402
+from ops_rowwise_gpu import hf_rmsnorm as _rms  # noqa: E402
+from ops_rowwise_gpu import rotate_half  # noqa: E402
 
 
 def _both(name: str, fn) -> SimpleNamespace:
@@ -52,8 +55,7 @@ def rope(q, k, cos, sin, positions, q_out, k_out, q32=None, k32=None, inv_freq=N
     c = torch.cat([cos[pos], cos[pos]], -1).to(q.dtype)[:, None, :]
     s = torch.cat([sin[pos], sin[pos]], -1).to(q.dtype)[:, None, :]
     for x, o in ((q, q_out), (k, k_out)):
-        h = x.shape[-1] // 2
-        o.copy_(x * c + torch.cat((-x[..., h:], x[..., :h]), -1) * s)
+        o.copy_(x * c + rotate_half(x) * s)
 
 
 def kv_append_full(k, v, k_cache, v_cache, block_table, cu_seqlens, start_pos, max_seqlen):
@@ -79,18 +81,18 @@ def silu_mul(gate, up, out, out32=None):
 
 
 def moe_routing(logits, weights, ids, weights32=None, renormalize=True):
-    p = torch.softmax(logits.float(), -1)
-    w, i = torch.topk(p, weights.shape[1], -1)
-    if renormalize:
-        w = w / w.sum(-1, keepdim=True)
+    if not renormalize:
+        raise ValueError("the torch routing peer renormalises the top-k weights (Qwen3-MoE); renormalize=False "
+                         "is not implemented")
+    w, i = routing_torch(logits, weights.shape[1])
     weights.copy_(w)
     ids.copy_(i)
 
 
 def logprob(logits, target, temperature, lp, entropy, lse=None):
-    logp = torch.log_softmax(logits.float() / temperature, -1)
-    lp.copy_(logp.gather(-1, target.long()[:, None])[:, 0])
-    entropy.copy_(-(logp.exp() * logp).sum(-1))
+    got, ent = logprob_torch(logits, target.long(), temperature)
+    lp.copy_(got)
+    entropy.copy_(ent)
 
 
 def prefill(q, k, v, sm_scale, out, out32=None):

@@ -161,10 +161,9 @@ def _linear_decode_vs_full(impl, x, w, bias, yf, yf32, ms=(1, 2, 3, 7, 16, 33, 6
     """Mismatches (bf16, fp32) of decode launches of M rows at scattered positions against a full pass's rows
     (and of the `last` rows at the end, where a split full launch puts its second range)."""
     n, bad16, bad32 = w.shape[0], 0, 0
-    for m in ms + ((last,) if last else ()):
-        rows = torch.randperm(x.shape[0], device="cuda")[:m].sort().values
-        if m == last:
-            rows = torch.arange(x.shape[0] - last, x.shape[0], device="cuda")
+    for m, at_end in [(m, False) for m in ms] + ([(last, True)] if last else []):
+        rows = (torch.arange(x.shape[0] - m, x.shape[0], device="cuda") if at_end
+                else torch.randperm(x.shape[0], device="cuda")[:m].sort().values)
         yd = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
         yd32 = torch.empty((m, n), dtype=torch.float32, device="cuda")
         impl.linear_decode(x[rows].contiguous(), w, bias, yd, yd32)

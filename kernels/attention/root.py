@@ -33,9 +33,14 @@ from triton.experimental.gluon.language.nvidia.hopper import tma as gtma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-try:  # tik-evo's fast launch path; this file used alone launches through Triton (same kernels, same bits)
+try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
     import tik_evo.launch as launch
+    from tik_evo.launch import cdiv as _cdiv
+    from tik_evo.launch import pow2 as _pow2
 except ImportError:
+    from triton import cdiv as _cdiv
+    from triton import next_power_of_2 as _pow2
+
     launch = None
 
 KNOBS = {
@@ -1428,17 +1433,6 @@ TMA_MIN_SEQ = 2048
 PERSISTENT_MAX_WAVES = 8
 WS_MIN_WAVES = 4  # FULL_IMPL "auto": the Gluon prefill above this many waves of tiles (runs 22-25)
 WS_PERSISTENT_MAX_WAVES = 32
-
-
-def _cdiv(a: int, b: int) -> int:
-    """Host-side ceil division. (triton.cdiv is a constexpr function: a few microseconds of argument unwrapping a
-    call, and these run on every launch.)"""
-    return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    """Host-side next power of two (as triton.next_power_of_2, without its constexpr-call cost)."""
-    return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
 def _qk_scale(sm_scale: float) -> float:
