@@ -56,16 +56,17 @@ def report(mod, path: str, m: int, k: int = 4096, n: int = 4096, write32: bool =
 
 def report_grouped(mod, path: str, k: int, n: int, write32: bool = False) -> dict:
     """The grouped launch (linear_grouped_*: several weights, an MoE layer's experts) with the path's tiles."""
-    bm, bn = mod.KNOBS[path + "_BLOCK_M"], mod.KNOBS[path + "_BLOCK_N"] or 64
+    bm, bn, stages = mod._grouped_tile(path, k)
     k_chunk = mod._k_chunk(k)
     sig = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*fp32" if write32 else "*bf16",
-           "starts_ptr": "*i32", "first_ptr": "*i32", "E": "i32", "T": "i32", "N": "i32", "K": "i32", "sxm": "i32",
+           "starts_ptr": "*i32", "E": "i32", "T": "i32", "N": "i32", "K": "i32", "sxm": "i32",
            "sxk": "i32", "swe": "i32", "swn": "i32", "swk": "i32", "sym": "i32", "syn": "i32"}
     consts = {"sxk": 1, "swk": 1, "syn": 1, "K_CHUNK": k_chunk, "WRITE32": write32, "BLOCK_M": bm, "BLOCK_N": bn,
-              "BLOCK_K": mod.KNOBS["BLOCK_K"], "EVEN_K": k % mod.KNOBS["BLOCK_K"] == 0, "E_STEPS": 8}
-    aligned = {"x_ptr", "w_ptr", "y_ptr", "y32_ptr", "starts_ptr", "first_ptr", "N", "K", "sxm", "swe", "swn", "sym"}
+              "BLOCK_K": mod.KNOBS["BLOCK_K"], "EVEN_K": k % mod.KNOBS["BLOCK_K"] == 0, "E_PAD": 128,
+              "USE_TMA": mod.KNOBS[path + "_USE_TMA"]}
+    aligned = {"x_ptr", "w_ptr", "y_ptr", "y32_ptr", "starts_ptr", "N", "K", "sxm", "swe", "swn", "sym"}
     return {"tile": f"{bm}x{bn}", "k_chunk": k_chunk,
-            **compile_sm90(mod._linear_grouped_kernel, sig, consts, mod.KNOBS[path + "_NUM_WARPS"], 3, aligned)}
+            **compile_sm90(mod._linear_grouped_kernel, sig, consts, mod.KNOBS[path + "_NUM_WARPS"], stages, aligned)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,20 +27,26 @@ from kernels.decoder import FAMILIES, Shape, TinyDecoder, roots, with_sets
 from kernels.moe_decoder import FAMILIES as MOE_FAMILIES
 from kernels.moe_decoder import MoEDecoder, MoEShape
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_peers import linear_grouped as cublas_grouped  # noqa: E402
+
 # Prompt and answer lengths of the MoE run's sequences (not multiples of any block or page).
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)
 
 
 def cublas_decode(impls: dict) -> dict:
-    """A control: rollout's linear layers through cuBLAS (torch.matmul), as an inference engine's would be, while
-    training keeps the batch-invariant kernel's full path; the log-probs are then expected to differ."""
+    """A control: rollout's linear layers through cuBLAS (torch.matmul; the experts' grouped launches through
+    torch._grouped_mm), as an inference engine's would be, while training keeps the batch-invariant kernel's full
+    path; the log-probs are then expected to differ."""
     root = impls["linear"]
 
     def linear_decode(x, weight, bias, out, out32=None):
         y = torch.matmul(x, weight.t())
         out.copy_(y if bias is None else y + bias)
 
-    return {**impls, "linear": SimpleNamespace(linear_full=root.linear_full, linear_decode=linear_decode)}
+    return {**impls, "linear": SimpleNamespace(linear_full=root.linear_full, linear_decode=linear_decode,
+                                               linear_grouped_full=root.linear_grouped_full,
+                                               linear_grouped_decode=cublas_grouped)}
 
 
 def moe_runs(args, impls) -> tuple[dict, list[dict]]:
@@ -50,7 +57,7 @@ def moe_runs(args, impls) -> tuple[dict, list[dict]]:
     for seed in range(args.seeds):
         for temperature in (1.0, 0.7):
             m = MoEDecoder(shape, seed, "cuda", impls=impls, temperature=temperature,
-                           grouped_experts=args.grouped_experts)
+                           grouped_experts=not args.per_expert)
             g = torch.Generator().manual_seed(100 + seed)
             seqs = [torch.randint(0, shape.vocab, (p + a,), generator=g).to("cuda", torch.int32)
                     for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
@@ -96,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--answer", type=int, default=64)
     ap.add_argument("--model", choices=("dense", "moe"), default="dense")
     ap.add_argument("--layers", type=int, default=4, help="layers of the MoE model")
-    ap.add_argument("--grouped-experts", action="store_true",
-                    help="the MoE model's experts in grouped launches (linear_grouped_*)")
+    ap.add_argument("--per-expert", action="store_true",
+                    help="the MoE model's experts one launch per expert and projection (default: grouped launches, "
+                         "linear_grouped_*)")
     ap.add_argument("--control", choices=("none", "cublas_decode"), default="none",
                     help="cublas_decode: rollout's linear layers through cuBLAS (a negative control)")
     ap.add_argument("--attention-set", default="",
@@ -120,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "model": args.model, "shape": shape_info,
               "prompt": args.prompt if args.model == "dense" else None, "attention_set": args.attention_set or "root",
-              "control": args.control, "grouped_experts": args.grouped_experts,
+              "control": args.control, "grouped_experts": not args.per_expert,
               "attention_knobs": getattr(impls["attention"], "KNOBS", {}), "runs": rows,
               "all_bit_exact": all(r["mismatching_logprobs"] == 0 for r in rows)}
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -50,6 +50,18 @@ def linear(x, weight, bias, out, out32=None):
         out.add_(bias)
 
 
+def linear_grouped(x, weights, starts, out, out32=None):
+    """An MoE layer's experts in one launch: torch._grouped_mm (CUTLASS grouped GEMM) where this torch and GPU
+    have it, else one matmul per expert."""
+    if getattr(torch, "_grouped_mm", None) is not None and x.is_cuda and torch.cuda.get_device_capability()[0] >= 9:
+        out.copy_(torch._grouped_mm(x, weights.transpose(1, 2), offs=starts[1:].to(torch.int32)))
+        return
+    bounds = starts.tolist()
+    for e in range(weights.shape[0]):
+        if bounds[e + 1] > bounds[e]:
+            torch.matmul(x[bounds[e]:bounds[e + 1]], weights[e].t(), out=out[bounds[e]:bounds[e + 1]])
+
+
 def rope(q, k, cos, sin, positions, q_out, k_out, q32=None, k32=None, inv_freq=None, rows=None):
     pos = positions.long()
     c = torch.cat([cos[pos], cos[pos]], -1).to(q.dtype)[:, None, :]
@@ -111,6 +123,7 @@ def torch_impls() -> dict[str, SimpleNamespace]:
         ("embedding", embedding), ("rmsnorm", rmsnorm), ("add_rmsnorm", add_rmsnorm), ("qk_rmsnorm", qk_rmsnorm),
         ("linear", linear), ("rope", rope), ("silu_mul", silu_mul), ("moe_routing", moe_routing),
         ("logprob", logprob))}
+    impls["linear"].linear_grouped_full = impls["linear"].linear_grouped_decode = linear_grouped
     impls["kv_append"] = SimpleNamespace(kv_append_full=kv_append_full, kv_append_decode=kv_append_decode)
     impls["attention"] = SimpleNamespace(prefill=prefill, decode=decode)
     return impls

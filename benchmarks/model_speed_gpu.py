@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_launch_ab:
             runs.append(("unified_triton_launch", unified, False, False))
         if shape.experts:  # the experts in grouped launches (linear_grouped_*), three per layer
-            runs.append(("unified_grouped", unified, True, True))
+            runs += [("unified_grouped", unified, True, True), ("torch_grouped", torch_impls(), True, True)]
         # Every model built first, then the forwards interleaved (one of each per repeat), so drift of the host or
         # the GPU's clocks over the run hits them alike; the median per model is reported.
         models = {label: (MoEDecoder(shape, 0, "cuda", impls=impls, grouped_experts=grouped), fast)
@@ -181,15 +181,19 @@ def main(argv: list[str] | None = None) -> int:
         if "unified_triton_launch" in row:
             print(f"{name}: with Triton's own launch path {row['unified_triton_launch']['ms']:.2f} ms", flush=True)
         if "unified_grouped" in row:
-            print(f"{name}: experts in grouped launches {row['unified_grouped']['ms']:.2f} ms", flush=True)
+            row["grouped_over_torch_grouped"] = row["unified_grouped"]["ms"] / row["torch_grouped"]["ms"]
+            print(f"{name}: experts in grouped launches {row['unified_grouped']['ms']:.2f} ms, torch with "
+                  f"torch._grouped_mm {row['torch_grouped']['ms']:.2f} ms: {row['grouped_over_torch_grouped']:.3f}x",
+                  flush=True)
         print(f"{name}: unified {row['unified']['ms']:.2f} ms ({row['unified']['peak_extra_GB']:.2f} GB peak), "
               f"torch {row['torch']['ms']:.2f} ms ({row['torch']['peak_extra_GB']:.2f} GB peak): "
               f"{row['unified_over_torch']:.3f}x; mean log-prob {row['unified']['mean_logprob']:.3f} / "
               f"{row['torch']['mean_logprob']:.3f}", flush=True)
-        for f in row["unified"]["families"]:
-            u, t = row["unified"]["families"][f], row["torch"]["families"].get(f, {})
-            print(f"  {f:<12} calls {u['calls']:>5}  gpu ms {u['gpu_ms']:8.2f} / {t.get('gpu_ms', 0):8.2f}  host ms "
-                  f"{u['host_ms']:8.2f} / {t.get('host_ms', 0):8.2f}  (unified / torch)", flush=True)
+        for ours, theirs in (("unified", "torch"), ("unified_grouped", "torch_grouped")):
+            for f in row.get(ours, {}).get("families", {}):
+                u, t = row[ours]["families"][f], row[theirs]["families"].get(f, {})
+                print(f"  {f:<12} calls {u['calls']:>5}  gpu ms {u['gpu_ms']:8.2f} / {t.get('gpu_ms', 0):8.2f}  host "
+                      f"ms {u['host_ms']:8.2f} / {t.get('host_ms', 0):8.2f}  ({ours} / {theirs})", flush=True)
         Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -45,7 +45,7 @@ class MoEShape:
 
 class MoEDecoder:
     def __init__(self, shape: MoEShape, seed: int, device: str, impls: dict[str, ModuleType] | None = None,
-                 temperature: float = 1.0, grouped_experts: bool = False):
+                 temperature: float = 1.0, grouped_experts: bool = True):
         from kernels.rope.family import rope_table
 
         if shape.experts and not 0 < shape.top_k <= shape.experts:

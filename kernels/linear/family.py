@@ -82,11 +82,23 @@ class LinearFamily(Family):
              "persistent full-path launches of several K chunks (FULL_PERSISTENT_MAX_CHUNKS) take FULL_UNSPLIT_TILE "
              "too, the chunk total in registers beside the accumulator (a small spill at 128x256); auto: only "
              "where the wide tiles take no more rounds of equal work over the SMs than the narrow ones"),
+        Knob("FULL_GROUPED_BLOCK_M", (0, 64, 128), "full",
+             "row tile of full-path grouped launches (linear_grouped_full; 0 = FULL_BLOCK_M): an expert's rows "
+             "round up to it"),
+        Knob("FULL_GROUPED_BLOCK_N", (0, 64, 128, 256), "full",
+             "column tile of full-path grouped launches (0 = FULL_BLOCK_N)"),
+        Knob("FULL_GROUPED_NUM_STAGES", (2, 3, 4, 5), "full", "pipelining depth of full-path grouped launches"),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode", "output rows per tile in decode"),
         Knob("DECODE_BLOCK_N", (0, 16, 32, 64, 128, 256), "decode",
              "output columns per tile in decode (narrow: more programs streaming W); 0 = per launch, the width of "
              "32/64/128 (and K chunks in parallel or in-program, where the split knobs allow both) whose waves "
              "of programs over the SMs move the fewest bytes per SM"),
+        Knob("DECODE_GROUPED_BLOCK_M", (0, 16, 32, 64), "decode",
+             "row tile of decode grouped launches (0 = DECODE_BLOCK_M): a decode batch gives each expert a few "
+             "rows, and every expert's rows round up to it"),
+        Knob("DECODE_GROUPED_BLOCK_N", (0, 32, 64, 128), "decode",
+             "column tile of decode grouped launches (0 = DECODE_BLOCK_N, or 64 where that is automatic)"),
+        Knob("DECODE_GROUPED_NUM_STAGES", (2, 3, 4, 5), "decode", "pipelining depth of decode grouped launches"),
         Knob("DECODE_GROUP_M", (1, 4, 8), "decode", "row-tile grouping in decode"),
         Knob("DECODE_NUM_WARPS", (2, 4, 8), "decode", "warps per tile in decode"),
         Knob("DECODE_NUM_STAGES", (0, 2, 3, 4, 5, 6), "decode",

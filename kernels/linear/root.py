@@ -73,6 +73,12 @@ KNOBS = {
     "FULL_UNSPLIT_NUM_STAGES": 4,
     "FULL_CHUNKED_WIDE": "auto",
     "K_CHUNK_EQUAL": False,
+    "FULL_GROUPED_BLOCK_M": 0,
+    "FULL_GROUPED_BLOCK_N": 256,
+    "FULL_GROUPED_NUM_STAGES": 4,
+    "DECODE_GROUPED_BLOCK_M": 0,
+    "DECODE_GROUPED_BLOCK_N": 128,
+    "DECODE_GROUPED_NUM_STAGES": 4,
 }
 
 
@@ -344,39 +350,44 @@ def _sms(device: torch.device) -> int:
 
 
 @triton.jit(do_not_specialize=["T"])
-def _linear_grouped_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, starts_ptr, first_ptr, E, T, N, K, sxm, sxk, swe, swn, swk,
+def _linear_grouped_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, starts_ptr, E, T, N, K, sxm, sxk, swe, swn, swk,
                            sym, syn, K_CHUNK: tl.constexpr, WRITE32: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, E_STEPS: tl.constexpr):
-    # Program (row tile, column tile) of the grouped launch: row tile t belongs to the expert e whose tiles start
-    # at first[e] <= t < first[e + 1] (a binary search over E + 1 entries); its rows are starts[e] + BLOCK_M *
-    # (t - first[e]) + arange, within that expert's rows [starts[e], starts[e + 1]). The K loop and the store are
-    # linear_full's (`_k_range` / `_k_chunks_flat` with pointer loads), so each row gets linear_full's bits for
-    # its expert's weight. Tiles past the last expert's (the grid is an upper bound) store nothing.
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, E_PAD: tl.constexpr,
+                           USE_TMA: tl.constexpr):
+    # Program (row tile, column tile) of the grouped launch. Each program reads the E + 1 row offsets and
+    # counts every expert's row tiles itself (a cumulative sum over E_PAD lanes: no host-side tensor ops and no
+    # second launch); row tile t belongs to the expert whose tiles [first, first + tiles) hold t, and its rows
+    # are starts[e] + BLOCK_M * (t - first) + arange, within [starts[e], starts[e + 1]). The K loop and the store
+    # are linear_full's (`_k_range` / `_k_chunks_flat`, pointer or TMA loads), so each row gets linear_full's
+    # bits for its expert's weight.
     t = tl.program_id(0)
-    lo = 0
-    hi = E - 1
-    for _ in tl.static_range(E_STEPS):  # the last e with first[e] <= t (first[0] = 0): t's expert
-        mid = (lo + hi + 1) // 2
-        ok = tl.load(first_ptr + mid) <= t
-        lo = tl.where(ok, mid, lo)
-        hi = tl.where(ok, hi, mid - 1)
-    e = lo
-    valid = t < tl.load(first_ptr + E)
-    row0 = tl.where(valid, tl.load(starts_ptr + e) + (t - tl.load(first_ptr + e)) * BLOCK_M, 0)
-    row_end = tl.where(valid, tl.load(starts_ptr + e + 1), 0)
+    ex = tl.arange(0, E_PAD)
+    lo = tl.load(starts_ptr + ex, mask=ex < E, other=0)
+    hi = tl.load(starts_ptr + ex + 1, mask=ex < E, other=0)
+    tiles = (hi - lo + BLOCK_M - 1) // BLOCK_M
+    ends = tl.cumsum(tiles, 0)  # one past each expert's last tile
+    if t >= tl.max(ends, 0):
+        return  # the grid is an upper bound: without this exit each spare tile would run a whole K loop
+    e = tl.sum((ends <= t).to(tl.int32), 0)  # experts whose tiles all lie before t (empty ones included)
+    mine = ex == e
+    row0 = tl.sum(tl.where(mine, lo + (t - (ends - tiles)) * BLOCK_M, 0), 0)
+    row_end = tl.sum(tl.where(mine, hi, 0), 0)
     count = tl.maximum(row_end - row0, 1)
     rows = row0 + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = row0 + tl.arange(0, BLOCK_M) % count  # rows past the tile's end read one of its rows, never stored
     offs_n = cols % N
     w = w_ptr + e.to(tl.int64) * swe
+    off_n = tl.program_id(1) * BLOCK_N
+    # With TMA the descriptors span all of x and the expert's weight: rows past the expert's end load the next
+    # expert's rows (or zeros past T), which are never stored.
     if K_CHUNK == 0:
         total = _merge(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32),
-                       _k_range(x_ptr, w, offs_m, offs_n, 0, 0, T, N, K, 0, K, sxm, sxk, swn, swk, BLOCK_M, BLOCK_N,
-                                BLOCK_K, EVEN_K, False, 1))
+                       _k_range(x_ptr, w, offs_m, offs_n, row0, off_n, T, N, K, 0, K, sxm, sxk, swn, swk, BLOCK_M,
+                                BLOCK_N, BLOCK_K, EVEN_K, USE_TMA, 1))
     else:
-        total = _k_chunks_flat(x_ptr, w, offs_m, offs_n, 0, 0, T, N, K, sxm, sxk, swn, swk, K_CHUNK, BLOCK_M, BLOCK_N,
-                               BLOCK_K, EVEN_K, False)
+        total = _k_chunks_flat(x_ptr, w, offs_m, offs_n, row0, off_n, T, N, K, sxm, sxk, swn, swk, K_CHUNK, BLOCK_M,
+                               BLOCK_N, BLOCK_K, EVEN_K, USE_TMA)
     _store_tile(total, y_ptr, y_ptr, y32_ptr, rows, cols, row_end, N, sym, syn, False, WRITE32)
 
 
@@ -560,6 +571,17 @@ def linear_decode(x: torch.Tensor, weight: torch.Tensor, bias, out: torch.Tensor
     _launch(x, weight, bias, out, out32, "DECODE")
 
 
+def _grouped_tile(path, K):
+    """(BLOCK_M, BLOCK_N, stages) of a grouped launch of the path: its own knobs, else the path's tile. A weight
+    whose K chunks fold keeps two accumulators live, so its tile is at most 128 x 128 (larger ones spill)."""
+    bm = KNOBS[path + "_GROUPED_BLOCK_M"] or KNOBS[path + "_BLOCK_M"]
+    bn = KNOBS[path + "_GROUPED_BLOCK_N"] or KNOBS[path + "_BLOCK_N"] or 64
+    k_chunk = _k_chunk(K)
+    if k_chunk and k_chunk < K and bm * bn > 128 * 128:
+        bm, bn = KNOBS[path + "_BLOCK_M"], min(KNOBS[path + "_BLOCK_N"] or 64, 128 * 128 // KNOBS[path + "_BLOCK_M"])
+    return bm, bn, KNOBS[path + "_GROUPED_NUM_STAGES"]
+
+
 def _launch_grouped(x, weights, starts, out, out32, path):
     T, K = x.shape
     E, N = weights.shape[0], weights.shape[1]
@@ -567,21 +589,21 @@ def _launch_grouped(x, weights, starts, out, out32, path):
         raise ValueError(f"linear_grouped: x [T, K] = {list(x.shape)}, weights [E, N, K] = {list(weights.shape)}, "
                          f"starts [E + 1] = {list(starts.shape)}, out [T, N] = {list(out.shape)} do not agree")
     k_chunk = _k_chunk(K)
-    bm, bn = KNOBS[path + "_BLOCK_M"], KNOBS[path + "_BLOCK_N"] or 64
+    bm, bn, stages = _grouped_tile(path, K)
     starts = starts.to(torch.int32)
-    # Row tiles per expert and where each expert's tiles begin, on the device (no host sync); the grid is the
-    # most tiles any split of T rows over E experts can make.
-    first = torch.zeros(E + 1, dtype=torch.int32, device=x.device)
-    torch.cumsum((starts[1:] - starts[:-1] + bm - 1) // bm, 0, out=first[1:])
     even_k = K % KNOBS["BLOCK_K"] == 0 and k_chunk % KNOBS["BLOCK_K"] == 0
     write32 = out32 is not None
     if T == 0:
         return
+    # The most row tiles any split of T rows over E experts can make; spare programs exit at once.
     fast(_linear_grouped_kernel)[(cdiv(T, bm) + E, cdiv(N, bn))](
-        x, weights, out, out32 if write32 else out, starts, first, E, T, N, K, x.stride(0), x.stride(1),
+        x, weights, out, out32 if write32 else out, starts, E, T, N, K, x.stride(0), x.stride(1),
         weights.stride(0), weights.stride(1), weights.stride(2), out.stride(0), out.stride(1), K_CHUNK=k_chunk,
         WRITE32=write32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=KNOBS["BLOCK_K"], EVEN_K=even_k,
-        E_STEPS=max(1, E.bit_length()), num_warps=KNOBS[path + "_NUM_WARPS"], num_stages=3)
+        E_PAD=pow2(E), USE_TMA=KNOBS[path + "_USE_TMA"] and (weights.stride(0) * 2) % 16 == 0
+        and _tma_ok(x, weights[0]),
+        num_warps=KNOBS[path + "_NUM_WARPS"],
+        num_stages=stages)
 
 
 def linear_grouped_full(x: torch.Tensor, weights: torch.Tensor, starts: torch.Tensor, out: torch.Tensor,

@@ -117,8 +117,9 @@ def test_grouped_expert_launches_give_the_per_expert_bits():
     # The experts' MLPs in three grouped launches per layer (linear_grouped_*) instead of one launch per expert
     # and projection: the same log-prob bits, in training and in rollout.
     seqs = sequences(5)
-    per_expert = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7).training_logprobs(seqs, PROMPTS)
-    m = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7, grouped_experts=True)
+    per_expert = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7, grouped_experts=False)
+    per_expert = per_expert.training_logprobs(seqs, PROMPTS)
+    m = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7)  # grouped launches are the default
     train = m.training_logprobs(seqs, PROMPTS)
     assert m.expert_rows == sum(LENS) * 2 * 2  # both layers, top_k = 2, through the grouped path
     assert bits_equal(train, per_expert)

@@ -1,0 +1,164 @@
+"""An MoE layer's expert projections as grouped launches (linear_grouped_full / _decode of the linear root, and
+variants of its knobs) against what a trainer would otherwise run: torch._grouped_mm (CUTLASS grouped GEMM, one
+launch) and a Python loop of cuBLAS matmuls, one per expert. Qwen3-30B-A3B's expert shapes (128 experts, top-8;
+gate/up K 2048 -> N 768, down K 768 -> N 2048), rows routed by a real top-8 of random router logits (balanced)
+and of logits with a per-expert bias (skewed: a few hot experts).
+
+Bits: every variant's grouped rows, in both paths, must equal the root's linear_full on each expert's rows alone.
+Times: full-sequence cells by CUDA events over back-to-back calls (median); decode cells also as CUDA-graph
+replays (GPU time without the host). Writes JSON.
+
+    PYTHONPATH=$PWD python3 benchmarks/linear_grouped_gpu.py --out linear_grouped.json [--variants-json F]
+
+Imports only torch/triton and the linear root (+ the engine's knob file helpers), so it runs on the bare GPU image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench, do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ops_matmul_gpu import load, mismatches, randn  # noqa: E402
+
+EXPERTS, TOP_K = 128, 8
+SHAPES = {"gate": (768, 2048), "down": (2048, 768)}  # (N, K) of Qwen3-30B-A3B's expert projections
+FULL_TOKENS = (1024, 8192)
+DECODE_BATCH = (1, 16, 64, 256)
+
+
+def routed_starts(tokens: int, skew: bool, seed: int) -> torch.Tensor:
+    """[E + 1] row offsets of tokens x top-8 rows sorted by expert, from a top-8 of random router logits."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    logits = torch.randn(tokens, EXPERTS, generator=g, device="cuda")
+    if skew:  # a few experts much hotter than the rest, as routers drift during training
+        logits += 2.0 * torch.randn(EXPERTS, generator=g, device="cuda")
+    ids = torch.topk(logits, TOP_K, dim=-1).indices.flatten()
+    starts = torch.zeros(EXPERTS + 1, dtype=torch.int32, device="cuda")
+    torch.cumsum(torch.bincount(ids, minlength=EXPERTS), 0, out=starts[1:])
+    return starts
+
+
+def grouped_mm_peer():
+    """torch._grouped_mm(x [T, K], w^T [E, K, N], offs = end rows [E]) where this torch has it, else None."""
+    fn = getattr(torch, "_grouped_mm", None)
+    if fn is None or torch.cuda.get_device_capability()[0] < 9:
+        return None
+    return lambda x, w, starts, y: y.copy_(fn(x, w.transpose(1, 2), offs=starts[1:]))
+
+
+def loop_peer(bounds: list[int]):
+    """One cuBLAS matmul per expert with rows (host-side bounds, as a Python MoE layer dispatches)."""
+    def run(x, w, starts, y):
+        for e in range(EXPERTS):
+            lo, hi = bounds[e], bounds[e + 1]
+            if hi > lo:
+                torch.matmul(x[lo:hi], w[e].t(), out=y[lo:hi])
+    return run
+
+
+def per_expert_reference(root, x, w, bounds) -> torch.Tensor:
+    """The contract's bits: the root's linear_full on each expert's rows alone."""
+    y = torch.empty(x.shape[0], w.shape[1], dtype=torch.bfloat16, device="cuda")
+    for e in range(EXPERTS):
+        lo, hi = bounds[e], bounds[e + 1]
+        if hi > lo:
+            out = torch.empty(hi - lo, w.shape[1], dtype=torch.bfloat16, device="cuda")
+            root.linear_full(x[lo:hi].contiguous(), w[e], None, out)
+            y[lo:hi] = out
+    return y
+
+
+def timed(fn, graph: bool) -> float:
+    fn()
+    torch.cuda.synchronize()
+    if graph:
+        return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
+    return do_bench(fn, warmup=5, rep=25, return_mode="median") * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="linear_grouped.json")
+    ap.add_argument("--variants-json", default="",
+                    help="a JSON object {name: {KNOB: value}} of linear knob variants to time besides the root")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop timing (keep what is measured) after this")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU (the grouped launch's CPU checks are in tests/kernels/)")
+        return 2
+    deadline = time.time() + args.budget_s
+    variants = {"root": {}}
+    if args.variants_json:
+        variants.update(json.loads(Path(args.variants_json).read_text()))
+    impls = {name: load("linear", knobs) for name, knobs in variants.items()}
+    root = impls["root"]
+    peer = grouped_mm_peer()
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+              "experts": EXPERTS, "top_k": TOP_K, "variants": variants, "grouped_mm": peer is not None,
+              "cells": [], "skipped": []}
+    cells = [("full", t, skew) for t in FULL_TOKENS for skew in (False, True)]
+    cells += [("decode", b, False) for b in DECODE_BATCH]
+    for shape, (n, k) in SHAPES.items():
+        w = randn((EXPERTS, n, k), 1, k ** -0.5)
+        for phase, tokens, skew in cells:
+            if time.time() > deadline:
+                result["skipped"].append(f"{shape} {phase} {tokens}")
+                continue
+            starts = routed_starts(tokens, skew, seed=tokens)
+            rows = int(starts[-1])
+            bounds = starts.tolist()
+            x = randn((rows, k), 2 + tokens)
+            y = torch.empty(rows, n, dtype=torch.bfloat16, device="cuda")
+            ref = per_expert_reference(root, x, w, bounds)
+            cell = {"shape": shape, "n": n, "k": k, "phase": phase, "tokens": tokens, "skewed": skew, "rows": rows,
+                    "active_experts": sum(bounds[e + 1] > bounds[e] for e in range(EXPERTS)),
+                    "max_rows_per_expert": max(bounds[e + 1] - bounds[e] for e in range(EXPERTS)), "us": {},
+                    "us_graph": {}, "mismatches": {}}
+            runs = {}
+            for name, impl in impls.items():
+                try:
+                    for path in ("full", "decode"):
+                        fn = getattr(impl, f"linear_grouped_{path}")
+                        y.fill_(float("nan"))
+                        fn(x, w, starts, y)
+                        cell["mismatches"][f"{name}.{path}"] = mismatches(y, ref)
+                except Exception as e:  # noqa: BLE001 - a variant that fails to build (resources) loses only itself
+                    cell.setdefault("errors", {})[name] = repr(e)[:500]
+                    continue
+                runs[name] = partial(getattr(impl, f"linear_grouped_{phase}"), x, w, starts, y)
+            if peer is not None:
+                runs["torch_grouped_mm"] = partial(peer, x, w, starts, y)
+            runs["cublas_loop"] = partial(loop_peer(bounds), x, w, starts, y)
+            flops = 2.0 * rows * n * k
+            for name, fn in runs.items():
+                cell["us"][name] = timed(fn, graph=False)
+                if phase == "decode":
+                    cell["us_graph"][name] = timed(fn, graph=True)
+            cell["tflops"] = {name: flops / (us * 1e-6) / 1e12 for name, us in cell["us"].items()}
+            result["cells"].append(cell)
+            bad = {key: v for key, v in cell["mismatches"].items() if v}
+            times = "  ".join(f"{name} {us:8.1f}" + (f" ({cell['us_graph'][name]:6.1f} graph)" if phase == "decode"
+                                                      else "") for name, us in cell["us"].items())
+            print(f"{shape:<4} {phase:<6} T{tokens:<5}{' skew' if skew else '     '} rows {rows:>6}  us: {times}  "
+                  f"bits: {bad or 'all equal'}" + (f"  errors: {cell['errors']}" if "errors" in cell else ""),
+                  flush=True)
+            Path(args.out).write_text(json.dumps(result, indent=1))
+    result["all_bit_exact"] = all(not v for c in result["cells"] for v in c["mismatches"].values())
+    print("all bit-exact:", result["all_bit_exact"], flush=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
