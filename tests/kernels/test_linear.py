@@ -306,3 +306,24 @@ def test_grouped_launch_compiles_for_hopper_to_wgmma_without_spills():
     for path in ("grouped.full", "grouped.decode"):
         assert rep[path]["k_chunk"] == 4096 and rep[path]["HGMMA"] > 0, rep[path]
         assert rep[path]["spill_store_bytes"] == 0 and 0 < rep[path]["shared_bytes"] <= 227 * 1024, rep[path]
+
+
+def test_grouped_workload_bench_runs_and_verifies():
+    # Workloads with `experts` time the grouped launch on routed rows (the linear campaign's MoE cells); the
+    # bench's own verify must pass on the root and fail on a launch that drops an expert's rows.
+    wl = {"name": "experts", "phase": "full", "tokens": 12, "n": 64, "k": 96, "experts": 4, "top_k": 2}
+    FAMILY.validate_workload(wl)
+    impl = load()
+    bench = FAMILY.make_bench(impl, wl, 0, "cpu")
+    bench.run()
+    assert all(c.passed for c in bench.verify())
+    assert bench.flops == 2 * 24 * 64 * 96
+
+    def drop_first(x, w, starts, out, out32=None):
+        impl.linear_grouped_full(x, w, starts, out, out32)
+        out[: int(starts[1])] = 0  # expert 0's rows never computed
+
+    broken = SimpleNamespace(linear_grouped_full=drop_first, linear_grouped_decode=drop_first)
+    assert not all(c.passed for c in FAMILY.make_bench(broken, wl, 0, "cpu").verify())
+    with pytest.raises(ValueError, match="top_k 5 must be in 1..experts"):
+        FAMILY.make_bench(impl, {**wl, "top_k": 5}, 0, "cpu")
