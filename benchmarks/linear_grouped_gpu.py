@@ -78,6 +78,30 @@ def per_expert_reference(root, x, w, bounds) -> torch.Tensor:
     return y
 
 
+def backward_cell(root, shape: str, n: int, k: int, peer_available: bool) -> dict:
+    """linear_grouped_backward (dX through the grouped kernel, dW per expert) against torch._grouped_mm's two
+    grouped GEMMs at T 8192, balanced routing; relative L2 difference between the two (backward has no bitwise
+    contract)."""
+    starts = routed_starts(8192, False, seed=8192)
+    rows = int(starts[-1])
+    x, w, gy = randn((rows, k), 3), randn((EXPERTS, n, k), 4, k ** -0.5), randn((rows, n), 5)
+    gx, gw = torch.empty_like(x), torch.empty_like(w)
+    cell = {"shape": shape, "n": n, "k": k, "rows": rows,
+            "us": {"root": timed(lambda: root.linear_grouped_backward(x, w, starts, gy, gx, gw), False)}}
+    if peer_available:
+        offs = starts[1:]
+
+        def torch_backward():
+            return torch._grouped_mm(gy, w, offs=offs), torch._grouped_mm(gy.t(), x, offs=offs)
+
+        cell["us"]["torch_grouped_mm"] = timed(torch_backward, False)
+        tx, tw = torch_backward()
+        cell["rel_l2_vs_torch"] = {"dX": float((gx.float() - tx.float()).norm() / tx.float().norm()),
+                                   "dW": float((gw.float() - tw.float()).norm() / tw.float().norm())}
+    print(f"backward {shape}: {cell}", flush=True)
+    return cell
+
+
 def timed(fn, graph: bool) -> float:
     fn()
     torch.cuda.synchronize()
@@ -154,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"bits: {bad or 'all equal'}" + (f"  errors: {cell['errors']}" if "errors" in cell else ""),
                   flush=True)
             Path(args.out).write_text(json.dumps(result, indent=1))
+    if time.time() < deadline:
+        result["backward"] = [backward_cell(root, shape, n, k, peer is not None) for shape, (n, k) in SHAPES.items()]
     result["all_bit_exact"] = all(not v for c in result["cells"] for v in c["mismatches"].values())
     print("all bit-exact:", result["all_bit_exact"], flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

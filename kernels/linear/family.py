@@ -33,6 +33,17 @@ def _grouped_checks(impl, x, w, full32, g, tag, device) -> list[Check]:
         y, y32 = _outputs(tokens, n, device)
         getattr(impl, f"linear_grouped_{path}")(x, weights, starts, y, y32)
         out.append(checks.bitwise(f"grouped {path} == full rows (fp32) {tag}", y32[:cut], full32[:cut]))
+    if hasattr(impl, "linear_grouped_backward"):
+        gy = checks.randn((tokens, n), g, torch.bfloat16, device)
+        xd, wd = x.double().requires_grad_(), weights.double().requires_grad_()
+        yd = torch.cat([xd[:cut] @ wd[1].t(), xd[cut:] @ wd[2].t()])
+        yd.backward(gy.double())
+        gx, gw = torch.empty_like(x), torch.full_like(weights, float("nan"))
+        impl.linear_grouped_backward(x, weights, starts, gy, gx, gw)
+        out += [checks.reference(f"grouped backward dX vs autograd fp64 {tag}", gx, xd.grad, tol=GRAD_TOL),
+                checks.reference(f"grouped backward dW vs autograd fp64 {tag}", gw, wd.grad, tol=GRAD_TOL),
+                Check(f"grouped backward dW of an expert without rows is zero {tag}", bool((gw[0] == 0).all()),
+                      "reference", {"nonzero": int((gw[0] != 0).sum())})]
     return out
 
 

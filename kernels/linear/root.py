@@ -391,6 +391,29 @@ def _linear_grouped_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, starts_ptr, E, T, N, K,
     _store_tile(total, y_ptr, y_ptr, y32_ptr, rows, cols, row_end, N, sym, syn, False, WRITE32)
 
 
+@triton.jit
+def _linear_grouped_dw_kernel(gy_ptr, x_ptr, gw_ptr, starts_ptr, N, K, sgm, sgn, sxm, sxk, swe, swn, swk,
+                              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+    # dW[e] = dY[rows of e]^T @ X[rows of e] for one (expert, N tile, K tile): a K loop over the expert's rows.
+    # Experts without rows store zeros. Backward is checked by tolerance only (no bitwise contract).
+    e = tl.program_id(0)
+    tiles_k = tl.cdiv(K, BLOCK_K)
+    n = (tl.program_id(1) // tiles_k) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = (tl.program_id(1) % tiles_k) * BLOCK_K + tl.arange(0, BLOCK_K)
+    lo = tl.load(starts_ptr + e)
+    hi = tl.load(starts_ptr + e + 1)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for r0 in range(lo, hi, BLOCK_R):
+        r = r0 + tl.arange(0, BLOCK_R)
+        a = tl.load(gy_ptr + r[None, :] * sgm + n[:, None] * sgn, mask=(r[None, :] < hi) & (n[:, None] < N),
+                    other=0.0)
+        b = tl.load(x_ptr + r[:, None] * sxm + k[None, :] * sxk, mask=(r[:, None] < hi) & (k[None, :] < K),
+                    other=0.0)
+        acc = tl.dot(a, b, acc)
+    tl.store(gw_ptr + e.to(tl.int64) * swe + n[:, None] * swn + k[None, :] * swk,
+             acc.to(gw_ptr.dtype.element_ty), mask=(n[:, None] < N) & (k[None, :] < K))
+
+
 def _tma_alloc(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
@@ -617,6 +640,24 @@ def linear_grouped_decode(x: torch.Tensor, weights: torch.Tensor, starts: torch.
                           out32: torch.Tensor | None = None) -> None:
     """linear_grouped_full with the decode path's tiles; the same bits."""
     _launch_grouped(x, weights, starts, out, out32, "DECODE")
+
+
+def linear_grouped_backward(x: torch.Tensor, weights: torch.Tensor, starts: torch.Tensor, grad_out: torch.Tensor,
+                            grad_x: torch.Tensor, grad_weights: torch.Tensor) -> None:
+    """Gradients of the grouped launch: dX = dY @ W[e] for each expert's rows (the grouped kernel on the weights'
+    transposed view), dW[e] = dY[rows]^T @ X[rows] (zeros for an expert without rows); checked by tolerance."""
+    T, K = x.shape
+    E, N = weights.shape[0], weights.shape[1]
+    if grad_out.shape != (T, N) or grad_x.shape != (T, K) or grad_weights.shape != weights.shape:
+        raise ValueError(f"linear_grouped_backward: x {list(x.shape)}, weights {list(weights.shape)}, grad_out "
+                         f"{list(grad_out.shape)}, grad_x {list(grad_x.shape)}, grad_weights "
+                         f"{list(grad_weights.shape)} do not agree")
+    _launch_grouped(grad_out, weights.transpose(1, 2), starts, grad_x, None, "FULL")
+    bn, bk = 64, 64
+    fast(_linear_grouped_dw_kernel)[(E, cdiv(N, bn) * cdiv(K, bk))](
+        grad_out, x, grad_weights, starts.to(torch.int32), N, K, grad_out.stride(0), grad_out.stride(1),
+        x.stride(0), x.stride(1), grad_weights.stride(0), grad_weights.stride(1), grad_weights.stride(2),
+        BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=64, num_warps=4, num_stages=3)
 
 
 def linear_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, grad_x: torch.Tensor,

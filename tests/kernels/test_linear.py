@@ -327,3 +327,13 @@ def test_grouped_workload_bench_runs_and_verifies():
     assert not all(c.passed for c in FAMILY.make_bench(broken, wl, 0, "cpu").verify())
     with pytest.raises(ValueError, match="top_k 5 must be in 1..experts"):
         FAMILY.make_bench(impl, {**wl, "top_k": 5}, 0, "cpu")
+
+
+def test_grouped_backward_checks_catch_a_wrong_weight_gradient():
+    # The family's grouped backward checks (dX, dW against fp64 autograd, zeros for an expert without rows) pass
+    # on the root and fail when dW skips the expert's last row block.
+    assert [c for c in failures(load(), cases=FAMILY.check_cases("small")) if "grouped" in c[0]] == []
+    broken = load("grouped_dw_short", lambda s: s.replace("for r0 in range(lo, hi, BLOCK_R):",
+                                                          "for r0 in range(lo, hi - BLOCK_R, BLOCK_R):"))
+    bad = failures(broken, cases=FAMILY.check_cases("small"))
+    assert [name for name, kind, _ in bad] and all("grouped backward dW vs autograd" in name for name, _, _ in bad), bad
