@@ -90,6 +90,51 @@ def breakdown(m: MoEDecoder, seqs, prompts) -> dict:
     return {f: {"gpu_ms": gpu[f], "host_ms": host[f] * 1e3, "calls": sum(e[0] == f for e in events)} for f in gpu}
 
 
+def decode_step_us(m: MoEDecoder, batch: int, prompt: int, steps: int, vocab: int) -> dict:
+    """Rollout: the GPU time of each family's kernels in one decode step (batch sequences at a context of about
+    `prompt` tokens), from the CUDA kernels the profiler records under each decode-path call, averaged over
+    `steps` steps. Kernel time only: the harness's glue (its page gather, indexing) and host time are left out,
+    so it is what the kernels cost a step, whichever engine drives them."""
+    from types import SimpleNamespace
+
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    g = torch.Generator().manual_seed(11)
+    seqs = [torch.randint(0, vocab, (prompt + steps + 1,), generator=g).to(m.device, torch.int32)
+            for _ in range(batch)]
+    cuda = str(m.device).startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    op, attn = m._op, m.k["attention"]
+
+    def labelled(family, path, *a):
+        if "decode" not in path:
+            return op(family, path, *a)
+        with record_function("decode:" + family):
+            return op(family, path, *a)
+
+    def attn_decode(*a):
+        with record_function("decode:attention"):
+            return attn.decode(*a)
+
+    m._op = labelled
+    m.k = {**m.k, "attention": SimpleNamespace(prefill=attn.prefill, decode=attn_decode)}
+    try:
+        m.rollout_logprobs(seqs, [prompt] * batch)  # warm-up: compiles every decode launch shape
+        sync()
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            m.rollout_logprobs(seqs, [prompt] * batch)
+            sync()
+    finally:
+        m._op, m.k = op, {**m.k, "attention": attn}
+    out = {}
+    for ev in prof.key_averages():
+        if ev.key.startswith("decode:"):
+            total = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0.0)
+            out[ev.key.removeprefix("decode:")] = {"us_per_step": total / steps, "calls_per_step": ev.count / steps}
+    out["total_us_per_step"] = sum(v["us_per_step"] for v in out.values())
+    return out
+
+
 def host_us_per_call(calls: int = 2000) -> dict:
     """Host time to issue one launch (no sync inside the loop): linear at M 64 (N 768, K 2048: an expert's gate
     projection) and SiLU-and-mul on its output, ours with the fast path and with Triton's, and torch's."""
@@ -130,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention-set", default="",
                     help="attention as this named set (kernels/attention/bench.py) instead of its root; needs the "
                          "engine's packages (omegaconf)")
+    ap.add_argument("--decode-batch", type=int, default=64,
+                    help="sequences decoded together in the rollout decode-step measurement (0: skip it)")
+    ap.add_argument("--decode-context", type=int, default=1024, help="prompt length before the decode steps")
     ap.add_argument("--no-launch-ab", action="store_true",
                     help="skip the unified model with Triton's own launch path (tik_evo.launch off)")
     args = ap.parse_args(argv)
@@ -173,6 +221,15 @@ def main(argv: list[str] | None = None) -> int:
                           "peak_extra_GB": peak_extra_gb(m, seqs, prompts),
                           "mean_logprob": float(torch.cat(lps[label]).mean()),
                           "families": breakdown(m, seqs, prompts)}
+        if args.decode_batch:
+            # Only the families' kernels are timed, so Triton's launch path and the unified model differ only in
+            # host time: one unified model per dispatch (per expert or grouped) against its torch counterpart.
+            row["decode_step"] = {label: decode_step_us(m, args.decode_batch, args.decode_context, 8, shape.vocab)
+                                  for label, (m, fast) in models.items() if label != "unified_triton_launch"}
+            for label, d in row["decode_step"].items():
+                print(f"{name}: decode step (B{args.decode_batch}, context {args.decode_context}) {label}: "
+                      f"{d['total_us_per_step']:.1f} us of kernels " + ", ".join(
+                          f"{f} {v['us_per_step']:.1f}" for f, v in d.items() if f != "total_us_per_step"), flush=True)
         del models
         torch.cuda.empty_cache()
         launch.ENABLED = True

@@ -161,8 +161,10 @@ class MoEDecoder:
         out[order] = down
         return out
 
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, path: str, attend) -> torch.Tensor:
-        """Logits of the rows `ids` at `positions`; attend(layer, q, k, v) -> [rows, q_heads * head_dim]."""
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, path: str, attend,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of the rows `ids` at `positions` (only of the rows `keep`, when given: the lm_head is
+        row-independent, so the same bits); attend(layer, q, k, v) -> [rows, q_heads * head_dim]."""
         s = self.s
         h = self._empty(ids.shape[0], s.hidden)
         self._op("embedding", path, ids, self.embed, h)
@@ -175,7 +177,7 @@ class MoEDecoder:
                                          self.norm_post[layer], path)
             nxt = self.norm_in[layer + 1] if layer + 1 < s.layers else self.norm_f
             x, residual = self._add_norm(self._mlp(layer, x, path), residual, nxt, path)
-        return self._linear(x, self.w_lm, path)
+        return self._linear(x if keep is None else x[keep].contiguous(), self.w_lm, path)
 
     def _logprob(self, logits: torch.Tensor, targets: torch.Tensor, path: str) -> torch.Tensor:
         lp = self._empty(logits.shape[0], dtype=torch.float32)
@@ -234,9 +236,10 @@ class MoEDecoder:
             return self._prefill(q, k, v, bounds)
 
         positions = torch.cat([torch.arange(p, dtype=torch.int32) for p in prompt_lens]).to(dev)
-        logits = self._forward(torch.cat([t[:p] for t, p in zip(seqs, prompt_lens)]), positions, "full", prefill)
-        last = torch.tensor(bounds[1:], device=dev) - 1
-        lp = self._logprob(logits[last], torch.stack([t[p] for t, p in zip(seqs, prompt_lens)]), "decode")
+        last = torch.tensor(bounds[1:], device=dev) - 1  # an engine scores only each prompt's last row
+        logits = self._forward(torch.cat([t[:p] for t, p in zip(seqs, prompt_lens)]), positions, "full", prefill,
+                               keep=last)
+        lp = self._logprob(logits, torch.stack([t[p] for t, p in zip(seqs, prompt_lens)]), "decode")
         out = [[lp[b:b + 1]] for b in range(len(seqs))]
         for step in range(max(n - p for n, p in zip(lens, prompt_lens)) - 1):
             live = [b for b, (n, p) in enumerate(zip(lens, prompt_lens)) if p + step < n - 1]

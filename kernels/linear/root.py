@@ -92,7 +92,7 @@ def _tma_step(acc, x_desc, w_desc, off_m, off_n, k0):
 @triton.jit
 def _ptr_step(acc, x_ptr, w_ptr, offs_m, offs_n, offs_k, k0, k_hi, sxm, sxk, swn, swk, EVEN_K: tl.constexpr):
     kk = k0 + offs_k
-    a_ptrs = x_ptr + offs_m[:, None] * sxm + kk[None, :] * sxk
+    a_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * sxm + kk[None, :] * sxk
     b_ptrs = w_ptr + offs_n[None, :] * swn + kk[:, None] * swk
     if EVEN_K:
         a = tl.load(a_ptrs)
@@ -182,9 +182,10 @@ def _store_tile(total, b_ptr, y_ptr, y32_ptr, rows, cols, M, N, sym, syn,
     n_mask = cols < N
     y = _epilogue(total, b_ptr, cols, n_mask, HAS_BIAS)
     mask = (rows[:, None] < M) & n_mask[None, :]
-    tl.store(y_ptr + rows[:, None] * sym + cols[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
+    r = rows.to(tl.int64)[:, None]  # rows x N passes 2**31 at a 151936-wide vocabulary from 14134 rows
+    tl.store(y_ptr + r * sym + cols[None, :] * syn, y.to(y_ptr.dtype.element_ty), mask=mask)
     if WRITE32:
-        tl.store(y32_ptr + rows[:, None] * N + cols[None, :], y, mask=mask)
+        tl.store(y32_ptr + r * N + cols[None, :], y, mask=mask)
 
 
 @triton.jit

@@ -37,3 +37,18 @@ def test_torch_peers_run_the_moe_model():
     train, rollout = m.training_logprobs(seqs, PROMPTS), m.rollout_logprobs(seqs, PROMPTS)
     assert m.expert_rows == (2 * sum(LENS) - len(LENS)) * 2 * 2
     assert close(rollout, train, 0.3), (rollout, train)
+
+
+def test_decode_step_measurement_counts_each_family_per_step():
+    # benchmarks/model_speed_gpu.py's rollout measurement labels every decode-path kernel call by family (the
+    # profiler sums kernel time under those labels); on the CPU only the labels and counts are checkable. Per
+    # step of the default MoE shape (2 layers): qkv, o, router and three grouped expert projections per layer,
+    # plus the lm_head; one attention, RoPE and routing call per layer.
+    speed = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "model_speed_gpu.py", "model_speed")
+    m = MoEDecoder(MoEShape(max_pos=32), 0, "cpu", impls=PEERS.torch_impls())
+    d = speed.decode_step_us(m, batch=3, prompt=5, steps=4, vocab=512)
+    assert d["linear"]["calls_per_step"] == 2 * 6 + 1
+    assert {f: d[f]["calls_per_step"] for f in ("attention", "rope", "moe_routing", "kv_append")} == \
+        {"attention": 2, "rope": 2, "moe_routing": 2, "kv_append": 2}
+    assert d["logprob"]["calls_per_step"] == 5 / 4  # the prefill's last rows are scored on the decode path too
+    assert m._op.__func__ is MoEDecoder._op  # the model is given back unwrapped
