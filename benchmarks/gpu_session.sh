@@ -116,7 +116,7 @@ while [ $# -gt 0 ]; do
       timeout 480 python3 benchmarks/linear_grouped_gpu.py ${LINEAR_GROUPED_VARIANTS:+--variants-json $LINEAR_GROUPED_VARIANTS} \
         --budget-s ${LINEAR_GROUPED_BUDGET_S:-400} --out "$OUT/linear_grouped.json" 2>&1 | tail -40 ;;
     model_speed)  # the training forward of the model on the unified kernels against cuBLAS / SDPA / torch ops
-      timeout 300 python3 benchmarks/model_speed_gpu.py ${MODEL_SPEED_CONFIGS:+--configs $MODEL_SPEED_CONFIGS} \
+      timeout 300 python3 benchmarks/model_speed_gpu.py ${MODEL_SPEED_CONFIGS:+--configs $MODEL_SPEED_CONFIGS} ${MODEL_SPEED_ARGS:-} \
         ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
         --out "$OUT/model_speed${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" 2>&1 | tail -34 ;;
     rowwise_sweep)
