@@ -126,16 +126,29 @@ def decode_step_us(m: MoEDecoder, batch: int, prompt: int, steps: int, vocab: in
             sync()
     finally:
         m._op, m.k = op, {**m.k, "attention": attn}
-    # The host-side range of each labelled call, with the kernels its ops launched (device_time_total sums them).
-    # Not key_averages(): it merges in the GPU-side annotation of the same name, which spans the idle gaps
-    # between a host-bound call's kernels.
+    # Each labelled call leaves a GPU-side range from its first kernel's start to its last kernel's end. The
+    # kernels (and copies) that start inside it are summed; the range itself is not, since it spans the idle gaps
+    # between a host-bound call's kernels. (Triton's launches have no ATen op to hang on, so the host-side
+    # events' own device times miss them.)
+    import bisect
+
+    events = [ev for ev in prof.events() if str(ev.device_type).endswith("CUDA")]
+    ranges = sorted((ev.time_range.start, ev.time_range.end, ev.name.removeprefix("decode:"))
+                    for ev in events if ev.name.startswith("decode:"))
+    starts = [r[0] for r in ranges]
     out: dict = {}
-    for ev in prof.events():
+    for ev in prof.events():  # calls, from the host-side labels (the only ones on the CPU)
         if ev.name.startswith("decode:") and str(ev.device_type).endswith("CPU"):
-            d = out.setdefault(ev.name.removeprefix("decode:"), {"us_per_step": 0.0, "calls_per_step": 0.0})
-            d["us_per_step"] += ev.device_time_total / steps
-            d["calls_per_step"] += 1 / steps
+            out.setdefault(ev.name.removeprefix("decode:"), {"us_per_step": 0.0, "calls_per_step": 0.0})[
+                "calls_per_step"] += 1 / steps
+    for ev in events:
+        if ev.name.startswith("decode:"):
+            continue
+        i = bisect.bisect_right(starts, ev.time_range.start) - 1
+        if i >= 0 and ev.time_range.start < ranges[i][1]:
+            out[ranges[i][2]]["us_per_step"] += (ev.time_range.end - ev.time_range.start) / steps
     out["total_us_per_step"] = sum(v["us_per_step"] for v in out.values())
+    out["gpu_ranges"] = len(ranges)  # 0 on a GPU: the profiler gave no device-side ranges, so no times
     return out
 
 
