@@ -259,10 +259,7 @@ class LinearFamily(Family):
         fn = impl.linear_decode if decode else impl.linear_full
         g = checks.generator(seed)
         set_bytes = (m * k + n * k) * 2
-        # Rotate whole (x, W) sets: a real model's next layer has other weights, so L2 must not hold W.
-        copies = checks.input_copies(device, set_bytes)
-        xs = [_randn_dev((m, k), seed * 31 + i, device) for i in range(copies)]
-        ws = [_randn_dev((n, k), seed * 31 + 100 + i, device, k ** -0.5) for i in range(copies)]
+        xs, ws = _input_sets((m, k), (n, k), seed, device, set_bytes)
         b = checks.randn((n,), g, torch.bfloat16, device) if workload.get("bias") else None
         y = torch.empty((m, n), dtype=torch.bfloat16, device=device)
         run = checks.rotate(lambda x, w: fn(x, w, b, y), xs, ws)
@@ -276,6 +273,16 @@ class LinearFamily(Family):
 
         return Bench(run=run, verify=verify, bytes_moved=set_bytes + m * n * 2, flops=2 * m * n * k,
                      graph_friendly=decode or m * n * k < (1 << 28))
+
+
+def _input_sets(x_shape: tuple[int, ...], w_shape: tuple[int, ...], seed: int, device: str,
+                set_bytes: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Whole (x, W) sets for a bench to rotate through: a real model's next layer has other weights, so L2 must
+    not hold W."""
+    copies = checks.input_copies(device, set_bytes)
+    xs = [_randn_dev(x_shape, seed * 31 + i, device) for i in range(copies)]
+    ws = [_randn_dev(w_shape, seed * 31 + 100 + i, device, w_shape[-1] ** -0.5) for i in range(copies)]
+    return xs, ws
 
 
 def routed_starts(tokens: int, experts: int, top_k: int, seed: int, device: str) -> torch.Tensor:
@@ -299,9 +306,7 @@ def _grouped_bench(impl: ModuleType, workload: dict[str, Any], seed: int, device
     rows = tokens * top_k
     active = int((starts[1:] > starts[:-1]).sum())
     set_bytes = (rows * k + experts * n * k) * 2
-    copies = checks.input_copies(device, set_bytes)
-    xs = [_randn_dev((rows, k), seed * 31 + i, device) for i in range(copies)]
-    ws = [_randn_dev((experts, n, k), seed * 31 + 100 + i, device, k ** -0.5) for i in range(copies)]
+    xs, ws = _input_sets((rows, k), (experts, n, k), seed, device, set_bytes)
     y = torch.empty((rows, n), dtype=torch.bfloat16, device=device)
     run = checks.rotate(lambda x, w: fn(x, w, starts, y), xs, ws)
 
