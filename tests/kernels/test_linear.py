@@ -337,3 +337,14 @@ def test_grouped_backward_checks_catch_a_wrong_weight_gradient():
                                                           "for r0 in range(lo, hi - BLOCK_R, BLOCK_R):"))
     bad = failures(broken, cases=FAMILY.check_cases("small"))
     assert [name for name, kind, _ in bad] and all("grouped backward dW vs autograd" in name for name, _, _ in bad), bad
+
+
+def test_grouped_tile_follows_the_knobs_and_stays_128_square_where_chunks_fold():
+    # The grouped launches' own tile knobs (0 = the path's tile); a weight whose K chunks fold keeps two
+    # accumulators, where 128x256 spills on sm_90a, so it falls back to the path's 128x128 tile.
+    tile = load()._grouped_tile
+    assert tile("FULL", 2048) == (128, 256, 4) and tile("FULL", 768) == (128, 256, 4)
+    assert tile("FULL", 9728) == (128, 128, 4)
+    assert tile("DECODE", 2048) == (64, 128, 4)
+    assert load("grouped_tile_knobs", None, FULL_GROUPED_BLOCK_N=0, DECODE_GROUPED_BLOCK_M=16)._grouped_tile(
+        "DECODE", 2048)[0] == 16
