@@ -1,0 +1,70 @@
+"""Compile the MoE routing kernel (kernels/moe_routing) for Hopper (sm_90a) on any machine, no GPU needed, and
+count its instructions per token: the kernel is loop-free (every round unrolled), so the SASS of one program is
+what each program issues, and BLOCK_T tokens share it. With the launch's program count this gives the issue time
+a routing launch cannot go below (warp-instructions / (SMs x 4 schedulers x clock)).
+
+    python benchmarks/routing_compile_report.py [--knobs '{"FULL_BLOCK_T": 16}'] [--tokens 32768]
+
+Arguments are specialised as the Triton runtime does at launch: 16-byte divisibility on the pointers and the
+expert count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
+
+SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "w32_ptr": "*fp32", "id_ptr": "*i32", "T": "i32", "E": "i32"}
+SMS, SCHEDULERS, CLOCK_HZ = 132, 4, 1.98e9  # H200
+
+
+def report(mod, path: str, experts: int, top_k: int, tokens: int) -> dict:
+    block_t, warps = mod._tile(path, True)
+    contract = {**mod._contract(experts), "BLOCK_T": block_t}
+    consts = {"RENORM": True, "WRITE32": True, "TOP_K": top_k, "K_PAD": mod.pow2(top_k),
+              "TILES_PER_PROGRAM": mod.KNOBS[path + "_TILES_PER_PROGRAM"], "PREFETCH": mod.KNOBS[path + "_PREFETCH"],
+              "STAGE_KEYS": mod._stage_keys(contract["BLOCK_E"], contract["GROUP"], path, block_t, warps), **contract}
+    with tempfile.TemporaryDirectory() as d:
+        os.environ["SM90_SASS_DIR"] = d
+        try:
+            out = compile_sm90(mod._route_kernel, SIG, consts, warps, mod.KNOBS[path + "_NUM_STAGES"],
+                               {"x_ptr", "w_ptr", "w32_ptr", "id_ptr", "E"})
+            sass = (Path(d) / "_route_kernel.sass").read_text()
+        finally:
+            del os.environ["SM90_SASS_DIR"]
+    ops = Counter(m.split(".")[0] for m in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([A-Z][A-Z0-9_.]*)", sass))
+    per_program = out["instructions"] * warps  # every warp of the program issues the whole SASS
+    tokens_per_program = block_t * mod.KNOBS[path + "_TILES_PER_PROGRAM"]
+    warp_instr = per_program * -(-tokens // tokens_per_program)
+    return {"path": path, "BLOCK_T": block_t, "warps": warps, "registers": out["registers"],
+            "instructions": out["instructions"], "warp_instructions_per_token": per_program / tokens_per_program,
+            "tokens": tokens, "issue_us_at_full_rate": warp_instr / (SMS * SCHEDULERS * CLOCK_HZ) * 1e6,
+            "top_ops": dict(ops.most_common(12))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--source", type=Path, default=ROOT / "kernels" / "moe_routing" / "root.py")
+    ap.add_argument("--knobs", default="{}", help="JSON knob changes applied to the source's KNOBS")
+    ap.add_argument("--experts", type=int, default=128)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32768, help="tokens of the launch the issue time is given for")
+    args = ap.parse_args(argv)
+    mod = load_variant(args.source, json.loads(args.knobs), "routing_report")
+    for path in ("FULL", "DECODE"):
+        print(json.dumps(report(mod, path, args.experts, args.top_k, args.tokens)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
