@@ -147,6 +147,17 @@ class LinearFamily(Family):
              "larger ones fold in-program"),
     )
 
+    def validate_workload(self, workload: dict[str, Any]) -> None:
+        super().validate_workload(workload)
+        if "experts" in workload or "top_k" in workload:  # an MoE layer's experts, in grouped launches
+            experts, top_k = workload.get("experts"), workload.get("top_k", 1)
+            if not isinstance(experts, int) or experts < 1:
+                raise ValueError(f"experts {experts!r} must be a positive integer (the grouped launch's weights)")
+            if not isinstance(top_k, int) or not 0 < top_k <= experts:
+                raise ValueError(f"top_k {top_k!r} must be an integer in 1..experts ({experts})")
+            if workload.get("bias"):
+                raise ValueError("bias: the grouped expert launches take no bias")
+
     def opportunities(self) -> list[OpportunitySpec]:
         return [
             OpportunitySpec("fixed_k_split", "Decode-sized down-projections (small N, large K) launch too few tiles "

@@ -327,6 +327,12 @@ def test_grouped_workload_bench_runs_and_verifies():
     assert not all(c.passed for c in FAMILY.make_bench(broken, wl, 0, "cpu").verify())
     with pytest.raises(ValueError, match="top_k 5 must be in 1..experts"):
         FAMILY.make_bench(impl, {**wl, "top_k": 5}, 0, "cpu")
+    # `tik-evo check` refuses such workloads before a run, naming the key.
+    for bad, message in (({"top_k": 5}, "top_k 5 must be an integer in 1..experts"),
+                         ({"experts": 0}, "experts 0 must be a positive integer"),
+                         ({"bias": True}, "bias: the grouped expert launches take no bias")):
+        with pytest.raises(ValueError, match=message):
+            FAMILY.validate_workload({**wl, **bad})
 
 
 def test_grouped_backward_checks_catch_a_wrong_weight_gradient():
