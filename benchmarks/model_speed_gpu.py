@@ -12,11 +12,15 @@ Imports only torch/triton (+ the kernels and model_peers), so it runs on the bar
 from __future__ import annotations
 
 import argparse
+import bisect
+import contextlib
 import datetime
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import triton
@@ -57,16 +61,26 @@ def peak_extra_gb(m: MoEDecoder, seqs, prompts) -> float:
     return (torch.cuda.max_memory_allocated() - base) / 1e9
 
 
+@contextlib.contextmanager
+def hooked(m: MoEDecoder, wrap):
+    """Within the block, every family call of the model runs as wrap(family, path, call, *args), attention's
+    prefill with path "full" and its decode with "decode"; the model is given back unwrapped."""
+    op, attn = m._op, m.k["attention"]
+    m._op = lambda family, path, *a: wrap(family, path, lambda *b: op(family, path, *b), *a)
+    m.k = {**m.k, "attention": SimpleNamespace(prefill=lambda *a: wrap("attention", "full", attn.prefill, *a),
+                                               decode=lambda *a: wrap("attention", "decode", attn.decode, *a))}
+    try:
+        yield
+    finally:
+        m._op, m.k = op, {**m.k, "attention": attn}
+
+
 def breakdown(m: MoEDecoder, seqs, prompts) -> dict:
     """Per family, over one forward: GPU time between CUDA events around each call (host gaps before a launch
     count to the call that caused them) and host time spent in the calls; every call of a family summed."""
-    import time
-    from types import SimpleNamespace
-
     events, host = [], {}
-    op, attn = m._op, m.k["attention"]
 
-    def timed(family, fn, *a):
+    def timed(family, path, fn, *a):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         t0 = time.perf_counter()
@@ -76,14 +90,9 @@ def breakdown(m: MoEDecoder, seqs, prompts) -> dict:
         events.append((family, start, end))
         return out
 
-    m._op = lambda family, path, *a: timed(family, op, family, path, *a)
-    m.k = {**m.k, "attention": SimpleNamespace(prefill=lambda *a: timed("attention", attn.prefill, *a),
-                                               decode=attn.decode)}
-    try:
+    with hooked(m, timed):
         m.training_logprobs(seqs, prompts)
         torch.cuda.synchronize()
-    finally:
-        m._op, m.k = op, {**m.k, "attention": attn}
     gpu: dict = {}
     for family, start, end in events:
         gpu[family] = gpu.get(family, 0.0) + start.elapsed_time(end)
@@ -95,8 +104,6 @@ def decode_step_us(m: MoEDecoder, batch: int, prompt: int, steps: int, vocab: in
     `prompt` tokens), from the CUDA kernels the profiler records under each decode-path call, averaged over
     `steps` steps. Kernel time only: the harness's glue (its page gather, indexing) and host time are left out,
     so it is what the kernels cost a step, whichever engine drives them."""
-    from types import SimpleNamespace
-
     from torch.profiler import ProfilerActivity, profile, record_function
 
     g = torch.Generator().manual_seed(11)
@@ -104,34 +111,23 @@ def decode_step_us(m: MoEDecoder, batch: int, prompt: int, steps: int, vocab: in
             for _ in range(batch)]
     cuda = str(m.device).startswith("cuda")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    op, attn = m._op, m.k["attention"]
 
-    def labelled(family, path, *a):
+    def labelled(family, path, fn, *a):
         if "decode" not in path:
-            return op(family, path, *a)
+            return fn(*a)
         with record_function("decode:" + family):
-            return op(family, path, *a)
+            return fn(*a)
 
-    def attn_decode(*a):
-        with record_function("decode:attention"):
-            return attn.decode(*a)
-
-    m._op = labelled
-    m.k = {**m.k, "attention": SimpleNamespace(prefill=attn.prefill, decode=attn_decode)}
-    try:
+    with hooked(m, labelled):
         m.rollout_logprobs(seqs, [prompt] * batch)  # warm-up: compiles every decode launch shape
         sync()
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
             m.rollout_logprobs(seqs, [prompt] * batch)
             sync()
-    finally:
-        m._op, m.k = op, {**m.k, "attention": attn}
     # Each labelled call leaves a GPU-side range from its first kernel's start to its last kernel's end. The
     # kernels (and copies) that start inside it are summed; the range itself is not, since it spans the idle gaps
     # between a host-bound call's kernels. (Triton's launches have no ATen op to hang on, so the host-side
     # events' own device times miss them.)
-    import bisect
-
     events = [ev for ev in prof.events() if str(ev.device_type).endswith("CUDA")]
     ranges = sorted((ev.time_range.start, ev.time_range.end, ev.name.removeprefix("decode:"))
                     for ev in events if ev.name.startswith("decode:"))
@@ -155,8 +151,6 @@ def decode_step_us(m: MoEDecoder, batch: int, prompt: int, steps: int, vocab: in
 def host_us_per_call(calls: int = 2000) -> dict:
     """Host time to issue one launch (no sync inside the loop): linear at M 64 (N 768, K 2048: an expert's gate
     projection) and SiLU-and-mul on its output, ours with the fast path and with Triton's, and torch's."""
-    import time
-
     lin, act = roots(("linear",))["linear"], roots(("silu_mul",))["silu_mul"]
     x = torch.randn(64, 2048, device="cuda").to(torch.bfloat16)
     w = torch.randn(768, 2048, device="cuda").to(torch.bfloat16)
