@@ -149,7 +149,7 @@ def test_a_kernel_file_used_without_tik_evo_launches_through_triton(monkeypatch)
 
 
 def test_host_grid_arithmetic_matches_triton():
-    # The roots compute their grids with tik_evo.launch's cdiv / pow2 (attention with its own _cdiv / _pow2):
+    # The roots compute their grids with tik_evo.launch's cdiv / pow2 (attention imports them as _cdiv / _pow2):
     # triton.cdiv and triton.next_power_of_2 cost microseconds a call. They must give Triton's values.
     import triton
 
