@@ -31,6 +31,7 @@ campaign() {
 
 while [ $# -gt 0 ]; do
   step=$1; shift
+  echo "== $step $(date -u +%T)"  # step start times: what a later call can fit in its limit
   case $step in
     attention) v=$1; shift  # ATTN_ARGS passes more flags (e.g. "--grid --decode-only")
       timeout $(( ${ATTN_BUDGET_S:-330} + 50 )) python3 benchmarks/attention_gpu.py --variants-json "$v" \
