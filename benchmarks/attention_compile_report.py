@@ -2,6 +2,11 @@
 compiler did: shared memory, registers, spills, and the wgmma / TMA instructions in the SASS.
 
     python benchmarks/attention_compile_report.py [--source FILE] [--knobs '{"FULL_KV_LOADS": "tma"}']
+        [--paths prefill,prefill_ws]
+
+--knobs may also be a JSON list of knob changes: one report per entry, as a JSON list, from one process (the
+imports and the variants' shared kernels are paid once). --paths compiles only the kernels named (the others
+read null).
 
 Integer and pointer arguments get the 16-byte divisibility the Triton runtime specialises on at launch (the
 grid's sizes are multiples of 16); without it pointer loads cannot be vectorised, are not software-pipelined,
@@ -31,67 +36,88 @@ MERGE_SIG = {"CTX": "*i32", "O": "*bf16", "O32": "*bf16", "M_WS": "*fp32", "L_WS
              "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--source", type=Path, default=ROOT / "kernels" / "attention" / "root.py")
-    ap.add_argument("--knobs", default="{}", help="JSON knob changes applied to the source's KNOBS")
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--decode-split", type=int, default=None, help="decode's SPLIT (default: the knob)")
-    args = ap.parse_args(argv)
-    mod = load_variant(args.source, json.loads(args.knobs), "attention_report")
+PATHS = ("prefill", "decode", "merge", "prefill_ws", "decode_ws")
+
+
+def report(source: Path, knobs: dict, head_dim: int, decode_split: int | None, paths=PATHS) -> dict:
+    """Compile the kernels named in `paths` of `source` with `knobs` changed, as the launches would."""
+    mod = load_variant(source, knobs, "attention_report")
     kn = mod.KNOBS
-    prefill = compile_sm90(mod._prefill_kernel, PREFILL_SIG, {
-        "HEAD_D": args.head_dim, "BLOCK_M": kn["BLOCK_M"], "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"],
-        "SPLIT_LOOP": kn["FULL_SPLIT_LOOP"], "TMA": kn["FULL_KV_LOADS"] == "tma",
-        "PERSISTENT": kn["FULL_PERSISTENT"], "WRITE32": False},
-        kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"], ALIGNED)
-    split = kn["SPLIT_TOKENS"] if args.decode_split is None else args.decode_split
+    split = kn["SPLIT_TOKENS"] if decode_split is None else decode_split
     cpp = kn["DECODE_CHUNKS_PER_PROGRAM"] or 8  # "auto" resolves at launch; 8 is its value at B16 ctx 8K split 256
     group = 4  # 32 query / 8 KV heads
-    # The decode tile as decode() picks it (groups of 4 rows fit every tile).
-    layout_free = kn["ROW_SUM"] != "reduce"
-    block_m = kn["DECODE_BLOCK_M"] if layout_free else max(kn["DECODE_BLOCK_M"], 64)
-    decode = compile_sm90(mod._decode_kernel, DECODE_SIG, {
-        "HEAD_D": args.head_dim, "BLOCK_M": block_m, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split,
-        "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
-        "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
-        "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "FUSED_MERGE": kn["DECODE_MERGE_LAUNCH"] == "fused",
-        "MERGE_ROWS": max(kn["DECODE_MERGE_ROWS"], group), "MERGE_LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
-        kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
-    merge = compile_sm90(mod._decode_merge_kernel, MERGE_SIG, {
-        "HEAD_D": args.head_dim, "ROWS": max(kn["DECODE_MERGE_ROWS"], group), "SPLIT": split,
-        "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl", "LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
-        4, 1, ALIGNED)
-    # The warp-specialised Gluon prefill (FULL_IMPL), as `_ws_prefill` launches it.
-    desc = lambda rows: (f"tensordesc<bf16[1, {rows}, {args.head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "  # noqa: E731
+    rep = {"triton": triton.__version__, "knobs": kn, **{p: None for p in PATHS}}
+    if "prefill" in paths:
+        rep["prefill"] = compile_sm90(mod._prefill_kernel, PREFILL_SIG, {
+            "HEAD_D": head_dim, "BLOCK_M": kn["BLOCK_M"], "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"],
+            "SPLIT_LOOP": kn["FULL_SPLIT_LOOP"], "TMA": kn["FULL_KV_LOADS"] == "tma",
+            "PERSISTENT": kn["FULL_PERSISTENT"], "WRITE32": False},
+            kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"], ALIGNED)
+    if "decode" in paths:
+        # The decode tile as decode() picks it (groups of 4 rows fit every tile).
+        layout_free = kn["ROW_SUM"] != "reduce"
+        block_m = kn["DECODE_BLOCK_M"] if layout_free else max(kn["DECODE_BLOCK_M"], 64)
+        rep["decode"] = compile_sm90(mod._decode_kernel, DECODE_SIG, {
+            "HEAD_D": head_dim, "BLOCK_M": block_m, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split,
+            "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
+            "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
+            "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "FUSED_MERGE": kn["DECODE_MERGE_LAUNCH"] == "fused",
+            "MERGE_ROWS": max(kn["DECODE_MERGE_ROWS"], group), "MERGE_LOADS": kn["DECODE_MERGE_LOADS"],
+            "WRITE32": False},
+            kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
+    if "merge" in paths:
+        rep["merge"] = compile_sm90(mod._decode_merge_kernel, MERGE_SIG, {
+            "HEAD_D": head_dim, "ROWS": max(kn["DECODE_MERGE_ROWS"], group), "SPLIT": split,
+            "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl", "LOADS": kn["DECODE_MERGE_LOADS"], "WRITE32": False},
+            4, 1, ALIGNED)
+    desc = lambda rows: (f"tensordesc<bf16[1, {rows}, {head_dim}],NVMMASharedLayout(swizzle_byte_width=128, "  # noqa: E731
                          "element_bitwidth=16, rank=3, transposed=False, fp4_padded=False, cga_layout=[])>")
-    ws_sig = {"q_desc": desc(64), "k_desc": desc(kn["BLOCK_N"]), "v_desc": desc(kn["BLOCK_N"]), "o_desc": desc(64),
-              "O": "*bf16", "O32": "*bf16", "S": "i32", "qk_scale": "fp32", "BH": "i32", "HQ": "i32", "HKV": "i32",
-              "GROUP": "i32", "HB": "i32"}
-    cons, q_tiles, acc_smem, slots = mod._ws_plan(kn["BLOCK_N"], args.head_dim, kn["SPLIT_TOKENS"])
-    cons_regs, loader_regs, maxnreg = mod._ws_regs(cons)
-    prefill_ws = compile_sm90(mod._ws_prefill_kernel, ws_sig, {
-        "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": slots,
-        "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap",
-        "PERSISTENT": (2 if kn["FULL_WS_BANDS"] != "off" else 1) if kn["FULL_WS_PERSISTENT"] != "off" else 0,
-        "WRITE32": False, "CONS": cons, "Q_TILES": q_tiles, "ACC_SMEM": acc_smem, "CONS_REGS": cons_regs,
-        "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot", "DIAG": mod._ws_diag(cons, kn["BLOCK_N"]),
-        "STORE_TMA": kn["FULL_WS_STORE"] == "tma"}, 4, 1, ALIGNED, maxnreg=maxnreg)
+    if "prefill_ws" in paths:
+        # The warp-specialised Gluon prefill (FULL_IMPL), as `_ws_prefill` launches it.
+        ws_sig = {"q_desc": desc(64), "k_desc": desc(kn["BLOCK_N"]), "v_desc": desc(kn["BLOCK_N"]),
+                  "o_desc": desc(64), "O": "*bf16", "O32": "*bf16", "S": "i32", "qk_scale": "fp32", "BH": "i32",
+                  "HQ": "i32", "HKV": "i32", "GROUP": "i32", "HB": "i32"}
+        cons, q_tiles, acc_smem, slots = mod._ws_plan(kn["BLOCK_N"], head_dim, kn["SPLIT_TOKENS"])
+        cons_regs, loader_regs, maxnreg = mod._ws_regs(cons)
+        rep["prefill_ws"] = compile_sm90(mod._ws_prefill_kernel, ws_sig, {
+            "HEAD_D": head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "NUM_BUF": slots,
+            "OVERLAP": kn["FULL_WS_SCHEDULE"] == "overlap",
+            "PERSISTENT": (2 if kn["FULL_WS_BANDS"] != "off" else 1) if kn["FULL_WS_PERSISTENT"] != "off" else 0,
+            "WRITE32": False, "CONS": cons, "Q_TILES": q_tiles, "ACC_SMEM": acc_smem, "CONS_REGS": cons_regs,
+            "LOADER_REGS": loader_regs, "ROW_SUM_DOT": kn["ROW_SUM"] == "dot",
+            "DIAG": mod._ws_diag(cons, kn["BLOCK_N"]), "STORE_TMA": kn["FULL_WS_STORE"] == "tma"},
+            4, 1, ALIGNED, maxnreg=maxnreg)
     # The Gluon decode (DECODE_IMPL), as `_dec_launch` launches it (partials for the merge launch, or folded by the
-    # row group's last program with the fused merge).
-    dec_sig = {"Q": "*bf16", "k_desc": desc(64), "v_desc": desc(64), "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
-               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "ARRIVALS": "*i32", "N_CHUNKS": "i32",
-               "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
-    dec_ok = kn["BLOCK_N"] == 128 and kn["ROW_SUM"] in ("dot", "tree")  # what `_dec_covers` sends to it
-    decode_ws = compile_sm90(mod._dec_kernel, dec_sig, {
-        "HEAD_D": args.head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split, "CPP": cpp,
-        "NUM_BUF": mod._dec_plan(kn["BLOCK_N"], args.head_dim)[0], "ROW_SUM_DOT": kn["ROW_SUM"] == "dot",
-        "FINISH": False, "WRITE32": False, "OVERLAP": kn["DECODE_WS_SCHEDULE"] == "overlap",
-        "FUSED": kn["DECODE_MERGE_LAUNCH"] == "fused", "FOLD_ROWS": max(kn["DECODE_MERGE_ROWS"], group),
-        "LOADS": kn["DECODE_MERGE_LOADS"]}, 4, 1, ALIGNED,
-        maxnreg=mod._dec_plan(kn["BLOCK_N"], args.head_dim)[1]) if dec_ok else None
-    print(json.dumps({"triton": triton.__version__, "knobs": kn, "prefill": prefill, "decode": decode,
-                      "merge": merge, "prefill_ws": prefill_ws, "decode_ws": decode_ws}, indent=1))
+    # row group's last program with the fused merge), where `_dec_covers` sends a launch to it.
+    if "decode_ws" in paths and kn["BLOCK_N"] == 128 and kn["ROW_SUM"] in ("dot", "tree"):
+        dec_sig = {"Q": "*bf16", "k_desc": desc(64), "v_desc": desc(64), "CTX": "*i32", "O": "*bf16",
+                   "O32": "*bf16", "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "ARRIVALS": "*i32",
+                   "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+        slots, maxnreg = mod._dec_plan(kn["BLOCK_N"], head_dim)
+        rep["decode_ws"] = compile_sm90(mod._dec_kernel, dec_sig, {
+            "HEAD_D": head_dim, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split, "CPP": cpp, "NUM_BUF": slots,
+            "ROW_SUM_DOT": kn["ROW_SUM"] == "dot", "FINISH": False, "WRITE32": False,
+            "OVERLAP": kn["DECODE_WS_SCHEDULE"] == "overlap", "FUSED": kn["DECODE_MERGE_LAUNCH"] == "fused",
+            "FOLD_ROWS": max(kn["DECODE_MERGE_ROWS"], group), "LOADS": kn["DECODE_MERGE_LOADS"]},
+            4, 1, ALIGNED, maxnreg=maxnreg)
+    return rep
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--source", type=Path, default=ROOT / "kernels" / "attention" / "root.py")
+    ap.add_argument("--knobs", default="{}", help="JSON knob changes applied to the source's KNOBS, or a list of them")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--decode-split", type=int, default=None, help="decode's SPLIT (default: the knob)")
+    ap.add_argument("--paths", default=",".join(PATHS), help=f"kernels to compile, of {','.join(PATHS)}")
+    args = ap.parse_args(argv)
+    paths = args.paths.split(",")
+    if bad := [p for p in paths if p not in PATHS]:
+        ap.error(f"--paths: unknown {bad}; choose from {list(PATHS)}")
+    knobs = json.loads(args.knobs)
+    reps = [report(args.source, k, args.head_dim, args.decode_split, paths)
+            for k in (knobs if isinstance(knobs, list) else [knobs])]
+    print(json.dumps(reps if isinstance(knobs, list) else reps[0], indent=1))
     return 0
 
 

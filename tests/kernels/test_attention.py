@@ -724,8 +724,8 @@ def test_bench_takes_the_best_of_a_run(tmp_path):
         best_of(tmp_path / "new")
 
 
-def test_root_and_hopper_knobs_compile_for_hopper():
-    # The interpreter never compiles; this catches sources that run on the CPU but do not build for sm_90a.
+def _compile_report(knobs: list[dict], paths: str, head_dim: int = 128) -> list[dict]:
+    """The offline sm_90a compile report of the root with each knob set, from one process."""
     import json
     import os
     import subprocess
@@ -733,22 +733,27 @@ def test_root_and_hopper_knobs_compile_for_hopper():
 
     root = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    for knobs, tma in (({}, False), ({"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma",
-                                      "DECODE_MERGE_LAUNCH": "pdl", "DECODE_CHUNKS_PER_PROGRAM": 0,
-                                      "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
-                                      "DECODE_MERGE_ROWS": 1, "FULL_WS_PERSISTENT": "snake"}, True),
-                       ({"DECODE_FINISH_SINGLE": True}, False),
-                       ({"DECODE_MERGE_LAUNCH": "fused", "DECODE_MERGE_ROWS": 1, "DECODE_MERGE_LOADS": 8,
-                         "FULL_WS_CONSUMERS": 3}, False),
-                       ({"ROW_SUM": "tree", "FULL_WS_SCHEDULE": "serial", "FULL_WS_BUFFERS": 2,
-                         "FULL_WS_CONSUMERS": 3, "head_dim": 64}, False)):
-        knobs = dict(knobs)
-        dim = str(knobs.pop("head_dim", 128))
-        r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
-                            "--knobs", json.dumps(knobs), "--head-dim", dim], capture_output=True, text=True,
-                           env=env, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        rep = json.loads(r.stdout)
+    r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
+                        "--knobs", json.dumps(knobs), "--paths", paths, "--head-dim", str(head_dim)],
+                       capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    reps = json.loads(r.stdout)
+    assert len(reps) == len(knobs)
+    return reps
+
+
+def test_root_and_hopper_knobs_compile_for_hopper():
+    # The interpreter never compiles; this catches sources that run on the CPU but do not build for sm_90a.
+    sets = [({}, False), ({"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl",
+                           "DECODE_CHUNKS_PER_PROGRAM": 0, "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
+                           "DECODE_MERGE_ROWS": 1, "FULL_WS_PERSISTENT": "snake"}, True),
+            ({"DECODE_FINISH_SINGLE": True}, False),
+            ({"DECODE_MERGE_LAUNCH": "fused", "DECODE_MERGE_ROWS": 1, "DECODE_MERGE_LOADS": 8,
+              "FULL_WS_CONSUMERS": 3}, False)]
+    head_64 = ({"ROW_SUM": "tree", "FULL_WS_SCHEDULE": "serial", "FULL_WS_BUFFERS": 2, "FULL_WS_CONSUMERS": 3}, False)
+    paths = "prefill,decode,merge,prefill_ws"
+    reps = _compile_report([k for k, _ in sets], paths) + _compile_report([head_64[0]], paths, head_dim=64)
+    for (knobs, tma), rep in zip(sets + [head_64], reps):
         for path in ("prefill", "decode", "prefill_ws"):
             assert rep[path]["HGMMA"] > 0 and rep[path]["spill_store_bytes"] == 0, (knobs, path, rep[path])
             assert 0 < rep[path]["shared_bytes"] <= 227 * 1024
@@ -763,23 +768,16 @@ def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
     # and consumer) or the tree's adds, and the Gluon decode streams 64-key sub-blocks; nothing spills, and the
     # decode's default three slots leave room for two programs an SM. The tree case also folds its partials in
     # the kernel (the fused merge: an arrival counter, 8 partials loaded ahead on a 4-row tile), without a spill.
-    import json
-    import os
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    reps = {}
-    for sched, row_sum in (("serial", "dot"), ("overlap", "dot"), ("serial", "tree")):
+    cases = (("serial", "dot"), ("overlap", "dot"), ("serial", "tree"))
+    sets = []
+    for sched, row_sum in cases:
         knobs = {"BLOCK_N": 128, "ROW_SUM": row_sum, "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
                  "FULL_NUM_STAGES": 2, "DECODE_WS_SCHEDULE": sched}
         if row_sum == "tree":
             knobs.update(DECODE_MERGE_LAUNCH="fused", DECODE_MERGE_LOADS=8, DECODE_MERGE_ROWS=1)
-        r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
-                            "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        reps[sched, row_sum] = rep = json.loads(r.stdout)
+        sets.append(knobs)
+    reps = dict(zip(cases, _compile_report(sets, "prefill,prefill_ws,decode_ws")))
+    for (_sched, row_sum), rep in reps.items():
         ws, dec = rep["prefill_ws"], rep["decode_ws"]
         assert ws["spill_store_bytes"] == 0 and ws["HGMMA"] > 0 and ws["shared_bytes"] <= 227 * 1024, ws
         assert dec["spill_store_bytes"] == 0 and dec["UTMALDG"] > 0 and dec["USETMAXREG"] > 0, dec
@@ -792,22 +790,17 @@ def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
         assert reps["serial", "tree"][path]["HGMMA"] < reps["serial", "dot"][path]["HGMMA"], path
     # FULL_WS_DIAG "half": the lower consumer's diagonal block as its own 64-key QK^T (8 k-steps over head dim 128)
     # and PV (4 k-steps over 64 keys), beside the loop's; no spill with the loader's registers at 24 (as measured;
-    # at the default 40 the consumers spill 48 bytes)
-    knobs = {"BLOCK_N": 128, "ROW_SUM": "tree", "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
-             "FULL_NUM_STAGES": 2, "FULL_WS_DIAG": "half", "NORMALIZE": "reciprocal", "FULL_WS_LOADER_REGS": 24}
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
-                        "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ws = json.loads(r.stdout)["prefill_ws"]
-    assert ws["spill_store_bytes"] == 0 and ws["HGMMA"] == reps["serial", "tree"]["prefill_ws"]["HGMMA"] + 12, ws
+    # at the default 40 the consumers spill 48 bytes).
     # The overlapped schedule at 128-key blocks spills in registers (444 bytes with the accumulator there); with
-    # the merged accumulator in shared memory (FULL_WS_ACC) it does not, and the block still fits
-    knobs.update(FULL_WS_SCHEDULE="overlap", FULL_WS_DIAG="full", FULL_WS_ACC="shared", FULL_WS_STORE="tma")
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
-                        "--knobs", json.dumps(knobs)], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    ws = json.loads(r.stdout)["prefill_ws"]
-    assert ws["spill_store_bytes"] == 0 and ws["shared_bytes"] <= 227 * 1024, ws
+    # the merged accumulator in shared memory (FULL_WS_ACC) it does not, and the block still fits.
+    half = {"BLOCK_N": 128, "ROW_SUM": "tree", "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
+            "FULL_NUM_STAGES": 2, "FULL_WS_DIAG": "half", "NORMALIZE": "reciprocal", "FULL_WS_LOADER_REGS": 24}
+    overlap = {**half, "FULL_WS_SCHEDULE": "overlap", "FULL_WS_DIAG": "full", "FULL_WS_ACC": "shared",
+               "FULL_WS_STORE": "tma"}
+    ws_half, ws_overlap = (rep["prefill_ws"] for rep in _compile_report([half, overlap], "prefill_ws"))
+    assert ws_half["spill_store_bytes"] == 0, ws_half
+    assert ws_half["HGMMA"] == reps["serial", "tree"]["prefill_ws"]["HGMMA"] + 12, ws_half
+    assert ws_overlap["spill_store_bytes"] == 0 and ws_overlap["shared_bytes"] <= 227 * 1024, ws_overlap
 
 
 def test_gluon_decode_plan_never_starves_its_ring():
