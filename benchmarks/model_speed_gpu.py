@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import contextlib
 import datetime
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 import triton
@@ -29,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_peers import torch_impls  # noqa: E402
 
 from kernels.decoder import roots, with_sets  # noqa: E402
-from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
+from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 from tik_evo import launch  # noqa: E402
 
 CONFIGS = {
@@ -59,20 +57,6 @@ def peak_extra_gb(m: MoEDecoder, seqs, prompts) -> float:
     m.training_logprobs(seqs, prompts)
     torch.cuda.synchronize()
     return (torch.cuda.max_memory_allocated() - base) / 1e9
-
-
-@contextlib.contextmanager
-def hooked(m: MoEDecoder, wrap):
-    """Within the block, every family call of the model runs as wrap(family, path, call, *args), attention's
-    prefill with path "full" and its decode with "decode"; the model is given back unwrapped."""
-    op, attn = m._op, m.k["attention"]
-    m._op = lambda family, path, *a: wrap(family, path, lambda *b: op(family, path, *b), *a)
-    m.k = {**m.k, "attention": SimpleNamespace(prefill=lambda *a: wrap("attention", "full", attn.prefill, *a),
-                                               decode=lambda *a: wrap("attention", "decode", attn.decode, *a))}
-    try:
-        yield
-    finally:
-        m._op, m.k = op, {**m.k, "attention": attn}
 
 
 def breakdown(m: MoEDecoder, seqs, prompts) -> dict:

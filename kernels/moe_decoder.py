@@ -15,9 +15,10 @@ MoE combine: fp32 multiply then add per slot in slot order, element-wise, so the
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import torch
 
@@ -263,3 +264,17 @@ class MoEDecoder:
             for i, b in enumerate(live):
                 out[b].append(lp[i:i + 1])
         return [torch.cat(x) for x in out]
+
+
+@contextlib.contextmanager
+def hooked(m: MoEDecoder, wrap):
+    """Within the block, every family call of the model runs as wrap(family, path, call, *args), attention's
+    prefill with path "full" and its decode with "decode"; the model is given back unwrapped."""
+    op, attn = m._op, m.k["attention"]
+    m._op = lambda family, path, *a: wrap(family, path, lambda *b: op(family, path, *b), *a)
+    m.k = {**m.k, "attention": SimpleNamespace(prefill=lambda *a: wrap("attention", "full", attn.prefill, *a),
+                                               decode=lambda *a: wrap("attention", "decode", attn.decode, *a))}
+    try:
+        yield
+    finally:
+        m._op, m.k = op, {**m.k, "attention": attn}

@@ -1,0 +1,111 @@
+"""Rollout from CUDA graphs, as inference engines run it: every family call of a model's rollout (the packed
+prefill and each decode step) runs eagerly, is put back, is captured in a CUDA graph and replayed, and the
+model goes on from the replay's outputs. Each replay must write the eager call's bits, and the rollout's
+log-probs must still equal the (eager) training forward's bit for bit. Writes JSON: per family and path, calls,
+outputs written, elements that differ, capture failures; mismatching log-probs per model.
+
+    PYTHONPATH=$PWD python3 benchmarks/model_graphs_gpu.py --out model_graphs.json
+
+Imports only torch/triton (+ the kernels), so it runs on the bare GPU image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model_consistency_gpu import MOE_ANSWERS, MOE_PROMPTS  # noqa: E402
+
+from kernels.moe_decoder import MoEDecoder, MoEShape, hooked  # noqa: E402
+from tik_evo.graph_replay import CaptureError, capture_one, replay_check  # noqa: E402
+
+WIDTHS = {  # four layers at the widths of the models named
+    "qwen3-4b.dense": dict(vocab=151936, hidden=2560, layers=4, q_heads=32, kv_heads=8, head_dim=128, experts=0,
+                           intermediate=9728),
+    "qwen3-30b-a3b.moe": dict(vocab=151936, hidden=2048, layers=4, q_heads=32, kv_heads=4, head_dim=128,
+                              experts=128, top_k=8, intermediate=768),
+}
+
+
+def graph_rollout(m: MoEDecoder, seqs, prompts, capture=capture_one) -> tuple[list[torch.Tensor], dict]:
+    """The rollout's log-probs with every family call replayed from a graph, and per family.path: calls,
+    outputs written, their elements, elements differing from the eager call, capture failures (first error)."""
+    tally: dict = {}
+
+    def replayed(family, path, call, *args):
+        t = tally.setdefault(f"{family}.{path}", {"calls": 0, "written": 0, "elements": 0, "differ": 0,
+                                                   "capture_failures": 0})
+        t["calls"] += 1
+        try:
+            r = replay_check(call, *args, capture=capture)
+        except CaptureError as e:
+            t["capture_failures"] += 1
+            t.setdefault("first_failure", str(e))
+            return e.result
+        t["written"] += r.written
+        t["elements"] += r.elements
+        t["differ"] += r.differ
+        return r.result
+
+    with hooked(m, replayed):
+        lps = m.rollout_logprobs(seqs, prompts)
+    return lps, tally
+
+
+def mismatches(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
+    return sum(int((x.view(torch.int32) != y.view(torch.int32)).sum()) for x, y in zip(a, b))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--models", default=",".join(WIDTHS), help=f"comma-separated, of {','.join(WIDTHS)}")
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--out", default="model_graphs.json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: CUDA graphs need a CUDA GPU (tests/model/test_graph_replay.py runs the harness on the CPU)")
+        return 2
+    names = args.models.split(",")
+    if bad := [n for n in names if n not in WIDTHS]:
+        ap.error(f"--models: unknown {bad}; choose from {list(WIDTHS)}")
+    lens = [p + a for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
+    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "prompts": list(MOE_PROMPTS), "lens": lens, "runs": []}
+    ok = True
+    for name in names:
+        shape = MoEShape(**WIDTHS[name], max_pos=max(lens))
+        for seed in range(args.seeds):
+            g = torch.Generator().manual_seed(seed)
+            seqs = [torch.randint(0, shape.vocab, (n,), generator=g).to("cuda", torch.int32) for n in lens]
+            m = MoEDecoder(shape, seed, "cuda")
+            train = m.training_logprobs(seqs, list(MOE_PROMPTS))
+            t0 = time.time()
+            roll, tally = graph_rollout(m, seqs, list(MOE_PROMPTS))
+            row = {"model": name, "seed": seed, "answer_tokens": sum(x.numel() for x in train),
+                   "mismatching_logprobs": mismatches(roll, train), "wall_s": round(time.time() - t0, 1),
+                   "families": tally}
+            row["replays_equal_eager"] = all(t["differ"] == 0 and t["capture_failures"] == 0 for t in tally.values())
+            ok &= row["replays_equal_eager"] and row["mismatching_logprobs"] == 0
+            out["runs"].append(row)
+            print(f"{name} seed {seed}: {row['mismatching_logprobs']} of {row['answer_tokens']} log-probs differ "
+                  f"from training; replays equal eager: {row['replays_equal_eager']} ({row['wall_s']} s)", flush=True)
+            for key, t in tally.items():
+                print(f"  {key:24s} calls {t['calls']:5d}  outputs written {t['written']:5d}  differing elements "
+                      f"{t['differ']}  capture failures {t['capture_failures']} {t.get('first_failure', '')}")
+    out["all_equal"] = ok
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    print(f"all equal: {ok}; json {args.out}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""A kernel call replayed from a CUDA graph, checked bit for bit against the same call run eagerly.
+
+Rollout engines capture their decode step in CUDA graphs and replay it. A unified kernel keeps its contract
+there only if a replay writes exactly what an eager call writes: a launch that reads a host-side value at
+capture, or a scratch buffer that a replay no longer owns, would break it silently. `replay_check` runs a call
+eagerly, puts its tensor arguments back as they were, captures the call in a graph, replays it and compares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Arguments larger than this are taken as read-only inputs (weights): not copied, only checked unchanged.
+LARGE_BYTES = 64 << 20
+
+
+@dataclass
+class Replay:
+    result: Any  # the eager call's return value
+    written: int  # tensor arguments the eager call changed (its outputs, in-place updates included)
+    elements: int  # elements of those arguments
+    differ: int  # elements whose bits differ between the replay and the eager call, over every argument
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as [elements, element size] uint8 (a contiguous copy where it is a strided view)."""
+    return t.contiguous().view(torch.uint8).reshape(t.numel(), t.element_size())
+
+
+def _fingerprint(t: torch.Tensor) -> int:
+    """A sum over the tensor's words (a write that keeps it reads as none; enough to catch an output passed
+    where an input was expected)."""
+    flat = t.contiguous().view(-1)
+    try:
+        words = flat.view(torch.int32)
+    except RuntimeError:  # a size or offset that 4-byte words do not divide
+        words = flat.view(torch.uint8)
+    return int(words.sum(dtype=torch.int64))
+
+
+class CaptureError(RuntimeError):
+    """The call could not be captured in a CUDA graph (it synchronises, say); `result` is the eager call's
+    return value, and its outputs are in place."""
+
+    def __init__(self, message: str, result: Any):
+        super().__init__(message)
+        self.result = result
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> int:
+    return int((_bytes(a) != _bytes(b)).any(1).sum())
+
+
+def capture_one(fn: Callable[[], Any]):
+    """A CUDA graph of one call of `fn` (a failed capture is undone, see tik_evo.timing)."""
+    from tik_evo.timing import _capture
+
+    torch.cuda.synchronize()
+    return _capture(fn, 1)
+
+
+def replay_check(call: Callable[..., Any], *args, capture: Callable = capture_one,
+                 large_bytes: int = LARGE_BYTES) -> Replay:
+    """call(*args) eagerly, then from a graph that `capture` makes of it with the same arguments, on the same
+    input values: every tensor argument (up to `large_bytes`) is restored to its state before the eager call,
+    so an output the replay did not write reads as differing. The replay's writes are left in place."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.numel()]
+    small = [t for t in tensors if t.numel() * t.element_size() <= large_bytes]
+    large = [(i, t, _fingerprint(t)) for i, t in enumerate(tensors) if t.numel() * t.element_size() > large_bytes]
+    before = [t.clone() for t in small]
+    result = call(*args)
+    for i, t, mark in large:
+        if _fingerprint(t) != mark:
+            raise ValueError(f"replay_check: tensor argument {i} {list(t.shape)} ({t.numel() * t.element_size()} "
+                             f"bytes, over large_bytes {large_bytes}) was written by the call; raise large_bytes")
+    eager = [t.clone() for t in small]
+    written = [k for k, (b, e) in enumerate(zip(before, eager)) if _differ(b, e)]
+    for t, b in zip(small, before):
+        t.copy_(b)
+    try:
+        graph = capture(lambda: call(*args))
+    except Exception as e:  # noqa: BLE001 - the caller decides; the eager outputs stand
+        for t, e_out in zip(small, eager):
+            t.copy_(e_out)
+        raise CaptureError(f"{type(e).__name__}: {e}"[:500], result) from e
+    graph.replay()
+    if any(t.is_cuda for t in small):
+        torch.cuda.synchronize()
+    return Replay(result, len(written), sum(eager[k].numel() for k in written),
+                  sum(_differ(t, e) for t, e in zip(small, eager)))
