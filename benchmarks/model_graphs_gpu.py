@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="model_graphs.json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("error: CUDA graphs need a CUDA GPU (tests/model/test_graph_replay.py runs the harness on the CPU)")
+        print("error: replaying kernels from CUDA graphs needs a CUDA GPU (tests/model/test_graph_replay.py checks the "
+              "harness on the CPU)")
         return 2
     names = args.models.split(",")
     if bad := [n for n in names if n not in WIDTHS]:

@@ -294,13 +294,14 @@ def cmd_export(args) -> int:
 
 
 # `tik-evo bench NAME` for the benchmarks that are not one family's: NAME -> benchmarks/<script>.py
-SUITES = {"ops": "ops_gpu", "model": "model_consistency_gpu", "model-speed": "model_speed_gpu"}
+SUITES = {"ops": "ops_gpu", "model": "model_consistency_gpu", "model-speed": "model_speed_gpu",
+          "model-graphs": "model_graphs_gpu"}
 
 
 def cmd_bench(args) -> int:
     """`tik-evo bench attention` runs kernels/attention/bench.py; `tik-evo bench ops` the operator families;
     `tik-evo bench model` rollout against training log-probs of a whole model, `model-speed` its training forward
-    against cuBLAS / SDPA / torch."""
+    against cuBLAS / SDPA / torch, `model-graphs` its rollout with every kernel call replayed from a CUDA graph."""
     if args.family in SUITES:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
         module = importlib.import_module(SUITES[args.family])
@@ -433,7 +434,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--list", action="store_true", help="list the family's named sets and knobs")
     r.add_argument("-o", "--output", help="write the source here (default: standard output)")
     r.set_defaults(fn=cmd_kernel)
-    r = sub.add_parser("bench", help="benchmark a family against its peers, or run ops / model / model-speed (GPU)")
+    r = sub.add_parser("bench", help="benchmark a family against its peers, or run ops / model / model-speed / model-graphs (GPU)")
     r.add_argument("family")
     r.add_argument("rest", nargs=argparse.REMAINDER)
     r.set_defaults(fn=cmd_bench)
