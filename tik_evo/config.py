@@ -83,6 +83,7 @@ class EvaluateConfig:
     gpu_index: int = 0
     executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks)
     check_procs: int = 0  # processes for the full correctness stage (0: half the CPUs, at most 8; 1: in-worker)
+    graph_replay: str = "auto"  # the small cases again from CUDA-graph replays: auto (on a GPU) | on | off
 
 
 @dataclass
@@ -244,6 +245,7 @@ def _validate(cfg: DictConfig, path: Path) -> None:
     _choice(cfg.gpu.policy, GPU_POLICIES, "gpu.policy", path)
     _choice(cfg.device, DEVICES, "device", path)
     _choice(cfg.evaluate.executor, ("auto", "spawn", "forkserver"), "evaluate.executor", path)
+    _choice(cfg.evaluate.graph_replay, ("auto", "on", "off"), "evaluate.graph_replay", path)
     for op in cfg.search.operators:
         _choice(op, tuple(OPERATORS), "search.operators", path)
     if not cfg.search.operators:

@@ -92,3 +92,73 @@ def replay_check(call: Callable[..., Any], *args, capture: Callable = capture_on
         torch.cuda.synchronize()
     return Replay(result, len(written), sum(eager[k].numel() for k in written),
                   sum(_differ(t, e) for t, e in zip(small, eager)))
+
+
+class Rerun:
+    """Stands in for a CUDA graph where there is none (the CPU): replay() runs the captured call again, so the
+    check still catches a call whose bits depend on state kept between calls."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+
+    def replay(self) -> None:
+        self.fn()
+
+
+def replayed_names(impl, entry_points: tuple[str, ...]) -> list[str]:
+    """The forward entry points of a kernel file: the family's (its backward ones excepted: a backward need not
+    be bit-exact) and any other public `*_full` / `*_decode` function (e.g. linear's grouped launches)."""
+    extra = [n for n in dir(impl) if not n.startswith("_") and n.endswith(("_full", "_decode"))
+             and callable(getattr(impl, n))]
+    return [n for n in dict.fromkeys([*entry_points, *extra]) if "backward" not in n and hasattr(impl, n)]
+
+
+class _Replayed:
+    """The module `impl` with the named functions run through replay_check, their outcomes summed in `tally`."""
+
+    def __init__(self, impl, names: list[str], tally: dict, capture: Callable):
+        self._impl, self._names, self._tally, self._capture = impl, set(names), tally, capture
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._impl, name)
+        if name not in self._names:
+            return fn
+
+        def replayed(*args):
+            t = self._tally.setdefault(name, {"calls": 0, "written": 0, "elements": 0, "differ": 0,
+                                              "capture_failures": 0})
+            t["calls"] += 1
+            try:
+                r = replay_check(fn, *args, capture=self._capture)
+            except CaptureError as e:
+                t["capture_failures"] += 1
+                t.setdefault("first_failure", str(e))
+                return e.result
+            t["written"] += r.written
+            t["elements"] += r.elements
+            t["differ"] += r.differ
+            return r.result
+        return replayed
+
+
+def audit_checks(family, impl, seed: int, device: str, capture: Callable | None = None) -> list:
+    """The audit's graph stage: the family's small cases with every forward entry point replayed from a CUDA
+    graph (`Rerun` on the CPU). The cases' own checks then judge the replays' outputs, and one check per entry
+    point says whether its replays wrote the eager calls' bits and could all be captured."""
+    from tik_evo.family import Check
+
+    capture = capture or (capture_one if device == "cuda" else Rerun)
+    tally: dict = {}
+    proxy = _Replayed(impl, replayed_names(impl, family.entry_points), tally, capture)
+    out = []
+    for case in family.check_cases("small"):
+        out += [Check(f"replayed: {c.name}", c.passed, c.kind, c.details)
+                for c in family.run_checks(proxy, case, seed, device)]
+    for name, t in sorted(tally.items()):
+        kind = "graph" if t["capture_failures"] else "consistency"
+        out.append(Check(f"graph replay == eager call: {name} ({t['calls']} calls)",
+                         t["differ"] == 0 and not t["capture_failures"], kind, dict(t)))
+    if not tally:
+        out.append(Check("graph replay: the small cases call an entry point", False, "graph",
+                         {"entry_points": replayed_names(impl, family.entry_points)}))
+    return out

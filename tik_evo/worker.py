@@ -126,6 +126,20 @@ def run(job: dict[str, Any]) -> None:
             shards.stop(forked)
             return
 
+    mode = job["evaluate"].get("graph_replay", "auto")
+    if mode == "on" or (mode == "auto" and device == "cuda"):
+        # Rollout engines replay decode from CUDA graphs: a replay must write what an eager call writes.
+        from tik_evo import graph_replay
+
+        t0 = time.time()
+        try:
+            checks = graph_replay.audit_checks(family, impl, seeds[0], device)
+        except Exception as e:
+            res.stage("graph", False, t0, error=traceback.format_exc(limit=6), kind=error_kind(e))
+            return
+        if not res.stage("graph", all(c.passed for c in checks), t0, checks, kind=_failed_kind(checks)):
+            return
+
     if not job.get("time", True):
         res.data["done"] = True
         res.flush()

@@ -15,9 +15,10 @@ WORKLOADS = [{"name": "full", "phase": "full", "tokens": 4, "hidden": 256},
              {"name": "decode", "phase": "decode", "batch": 2, "hidden": 256}]
 
 
-def audit(tmp_path, src, timeout=120, time_it=False, executor="auto", check_procs=0, seeds=(0,)):
+def audit(tmp_path, src, timeout=120, time_it=False, executor="auto", check_procs=0, seeds=(0,), graph="auto"):
     job = AuditJob(FAMILY, src, source_hash(src), "I1", WORKLOADS, list(seeds), {"timeout_s": timeout,
-                   "interpreter_reps": 1, "executor": executor, "check_procs": check_procs}, "cpu", time=time_it)
+                   "interpreter_reps": 1, "executor": executor, "check_procs": check_procs,
+                   "graph_replay": graph}, "cpu", time=time_it)
     return run_audit(tmp_path, job)
 
 
@@ -34,6 +35,27 @@ def test_root_passes_and_is_timed(tmp_path):
     assert set(out.measurements) == {"full", "decode"}
     assert all(m["timer"] == "wall-interpreter" for m in out.measurements.values())
     assert out.device["gpu"].startswith("none")
+
+
+def test_graph_stage_replays_the_entry_points_and_catches_a_call_that_remembers_its_output(tmp_path):
+    # On the CPU the stage's "graph" reruns the call (evaluate.graph_replay=on; auto runs it on GPUs only). The
+    # root passes; a candidate that skips the work for an output tensor it has already written (a cache keyed by
+    # the output, invisible to checks that allocate fresh outputs) writes nothing on replay and is refused.
+    out = audit(tmp_path / "root", ROOT_SRC, graph="on")
+    assert out.passed, out.failure
+    graph = next(s for s in out.stages if s["name"] == "graph")
+    names = [c["name"] for c in graph["checks"] if c["name"].startswith("graph replay")]
+    assert any("rmsnorm_decode" in n for n in names) and any("rmsnorm_full" in n for n in names), names
+    cheat = with_body("    if any(t is out for t in WRITTEN):\n        return\n    WRITTEN.append(out)\n") + "\nWRITTEN = []\n"
+    out = audit(tmp_path / "cheat", cheat, graph="on")
+    assert not out.passed and out.failure_kind == "consistency", out.failure
+    graph = next(s for s in out.stages if s["name"] == "graph")
+    assert not graph["passed"] and next(s for s in out.stages if s["name"] == "full")["passed"]
+    bad = [c for c in graph["checks"] if not c["passed"]]
+    assert any(c["name"].startswith("graph replay == eager call: rmsnorm_decode") and c["details"]["differ"] > 0
+               for c in bad), bad
+    off = audit(tmp_path / "off", cheat)
+    assert off.passed and "graph" not in [s["name"] for s in off.stages]  # auto: no stage on the CPU
 
 
 @pytest.mark.parametrize("executor", ["spawn", "forkserver"])

@@ -22,6 +22,7 @@ def test_quickstart_loads_and_overrides():
     ({"gpu": {"policy": "maybe"}}, "gpu.policy"),
     ({"search": {"operators": ["knob", "nope"]}}, "search.operators"),
     ({"evaluate": {"timeout_s": 0}}, "evaluate.timeout_s"),
+    ({"evaluate": {"graph_replay": "sometimes"}}, "evaluate.graph_replay"),
     ({"colour": "blue"}, "colour"),
 ])
 def test_errors_name_file_and_key(tmp_path, sections, key):

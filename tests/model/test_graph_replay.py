@@ -1,5 +1,5 @@
 """tik_evo.graph_replay and benchmarks/model_graphs_gpu.py's harness on the CPU. A CUDA graph needs a GPU, so a
-stand-in "graph" here replays by calling the captured function again; what is checked is the bookkeeping: the
+stand-in "graph" here (`Rerun`) replays by calling the captured function again; what is checked is the bookkeeping: the
 arguments put back before the replay, a replay that writes nothing or other bits reported, a failed capture
 leaving the eager outputs, and a whole rollout going on from replayed outputs."""
 
@@ -12,21 +12,11 @@ import torch
 from kernels.decoder import roots
 from kernels.moe_decoder import MoEDecoder, MoEShape
 from tik_evo.candidate import load_module
-from tik_evo.graph_replay import CaptureError, replay_check
+from tik_evo.graph_replay import CaptureError, Rerun, audit_checks, replay_check
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 PEERS = load_module(BENCH / "model_peers.py", "model_peers")
 LENS, PROMPTS = [9, 12, 7], [5, 8, 4]
-
-
-class Replayer:
-    """Stands in for a CUDA graph: replay() runs the captured call again."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def replay(self):
-        self.fn()
 
 
 class Inert:
@@ -45,7 +35,7 @@ def test_a_family_kernel_replays_to_its_eager_bits():
     x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
     w = torch.randn(64, generator=g).to(torch.bfloat16)
     out = torch.empty_like(x)
-    r = replay_check(rms.rmsnorm_decode, x, w, 1e-6, out, capture=Replayer)
+    r = replay_check(rms.rmsnorm_decode, x, w, 1e-6, out, capture=Rerun)
     assert (r.written, r.elements, r.differ) == (1, x.numel(), 0)
     want = torch.empty_like(x)
     rms.rmsnorm_decode(x, w, 1e-6, want)
@@ -66,21 +56,21 @@ def test_a_call_that_keeps_host_state_between_calls_is_caught():
         calls.append(1)
         b.copy_(a + len(calls))
 
-    r = replay_check(baked, torch.zeros(4), torch.zeros(4), capture=Replayer)
+    r = replay_check(baked, torch.zeros(4), torch.zeros(4), capture=Rerun)
     assert r.written == 1 and r.differ == 4
 
 
 def test_in_place_updates_are_put_back_before_the_replay():
     cache = torch.zeros(8)
-    r = replay_check(lambda c, v: c.__setitem__(slice(2, 4), c[2:4] + v), cache, torch.ones(2), capture=Replayer)
+    r = replay_check(lambda c, v: c.__setitem__(slice(2, 4), c[2:4] + v), cache, torch.ones(2), capture=Rerun)
     assert r.differ == 0 and cache.tolist() == [0, 0, 1, 1, 0, 0, 0, 0]  # written once, not twice
 
 
 def test_a_large_argument_written_by_the_call_is_refused_by_name():
     big, out = torch.zeros(64), torch.zeros(4)
     with pytest.raises(ValueError, match=r"tensor argument 0 \[64\].*large_bytes"):
-        replay_check(lambda a, b: a.add_(1), big, out, capture=Replayer, large_bytes=128)
-    r = replay_check(lambda a, b: b.copy_(a[:4] + 1), big, out, capture=Replayer, large_bytes=128)
+        replay_check(lambda a, b: a.add_(1), big, out, capture=Rerun, large_bytes=128)
+    r = replay_check(lambda a, b: b.copy_(a[:4] + 1), big, out, capture=Rerun, large_bytes=128)
     assert (r.written, r.differ) == (1, 0)  # a large input that is only read is fine
 
 
@@ -104,7 +94,7 @@ def test_a_rollout_from_replays_gives_the_eager_rollouts_log_probs():
     m = MoEDecoder(MoEShape(max_pos=32), 0, "cpu", impls=PEERS.torch_impls())
     seqs = sequences(1)
     eager = m.rollout_logprobs(seqs, PROMPTS)
-    replayed, tally = graphs.graph_rollout(m, seqs, PROMPTS, capture=Replayer)
+    replayed, tally = graphs.graph_rollout(m, seqs, PROMPTS, capture=Rerun)
     assert graphs.mismatches(replayed, eager) == 0
     assert m._op.__func__ is MoEDecoder._op  # the model is given back unwrapped
     assert {"attention.full", "attention.decode", "linear.grouped_decode", "moe_routing.decode",
@@ -120,6 +110,28 @@ def test_a_rollout_from_replays_gives_the_eager_rollouts_log_probs():
             out.add_(1)
 
     m.k = {**peer, "silu_mul": SimpleNamespace(silu_mul_full=peer["silu_mul"].silu_mul_full, silu_mul_decode=flaky)}
-    _, tally = graphs.graph_rollout(m, seqs, PROMPTS, capture=Replayer)
+    _, tally = graphs.graph_rollout(m, seqs, PROMPTS, capture=Rerun)
     assert tally["silu_mul.decode"]["differ"] > 0
     assert all(t["differ"] == 0 for key, t in tally.items() if key != "silu_mul.decode"), tally
+
+
+def test_audit_checks_judge_the_replays_and_name_each_entry_point():
+    from tik_evo.families import load_family
+
+    family = load_family("rmsnorm")
+    impl = roots(("rmsnorm",))["rmsnorm"]
+    good = audit_checks(family, impl, 0, "cpu")
+    assert all(c.passed for c in good), [c for c in good if not c.passed]
+    assert {c.name.split(": ")[1].split(" ")[0] for c in good if c.name.startswith("graph replay")} == \
+        {"rmsnorm_full", "rmsnorm_decode"}
+    bad = audit_checks(family, impl, 0, "cpu", capture=Inert)  # replays that launch nothing
+    failed = [c for c in bad if not c.passed]
+    assert any(c.name.startswith("replayed: ") for c in failed)  # the cases' own checks see the unwritten outputs
+    assert {c.kind for c in failed if c.name.startswith("graph replay")} == {"consistency"}
+
+    def refuse(fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    no_graph = [c for c in audit_checks(family, impl, 0, "cpu", capture=refuse) if not c.passed]
+    assert no_graph and all(c.kind == "graph" for c in no_graph)  # eager outputs stand, so only these fail
+    assert "not permitted" in no_graph[0].details["first_failure"]
