@@ -68,14 +68,14 @@ def replay_check(call: Callable[..., Any], *args, capture: Callable = capture_on
     """call(*args) eagerly, then from a graph that `capture` makes of it with the same arguments, on the same
     input values: every tensor argument (up to `large_bytes`) is restored to its state before the eager call,
     so an output the replay did not write reads as differing. The replay's writes are left in place."""
-    tensors = [a for a in args if isinstance(a, torch.Tensor) and a.numel()]
-    small = [t for t in tensors if t.numel() * t.element_size() <= large_bytes]
-    large = [(i, t, _fingerprint(t)) for i, t in enumerate(tensors) if t.numel() * t.element_size() > large_bytes]
+    tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel()]
+    small = [t for _, t in tensors if t.numel() * t.element_size() <= large_bytes]
+    large = [(i, t, _fingerprint(t)) for i, t in tensors if t.numel() * t.element_size() > large_bytes]
     before = [t.clone() for t in small]
     result = call(*args)
     for i, t, mark in large:
         if _fingerprint(t) != mark:
-            raise ValueError(f"replay_check: tensor argument {i} {list(t.shape)} ({t.numel() * t.element_size()} "
+            raise ValueError(f"replay_check: argument {i} {list(t.shape)} ({t.numel() * t.element_size()} "
                              f"bytes, over large_bytes {large_bytes}) was written by the call; raise large_bytes")
     eager = [t.clone() for t in small]
     written = [k for k, (b, e) in enumerate(zip(before, eager)) if _differ(b, e)]
