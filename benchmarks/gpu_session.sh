@@ -114,7 +114,7 @@ while [ $# -gt 0 ]; do
     model_graphs)  # the rollout with every family call replayed from a CUDA graph: replays == eager, log-probs == training
       timeout 400 python3 benchmarks/model_graphs_gpu.py ${MODEL_GRAPHS_ARGS:-} --out "$OUT/model_graphs.json" 2>&1 | tail -40 ;;
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots
-      timeout 400 python3 benchmarks/family_checks_gpu.py "$f" ${FAMILY_CHECKS_LARGE:+--large} --out "$OUT/family_checks_$(echo "$f" | tr , _).json" 2>&1 | tail -30 ;;
+      timeout 400 python3 benchmarks/family_checks_gpu.py "$f" ${FAMILY_CHECKS_LARGE:+--large} ${FAMILY_CHECKS_GRAPHS:+--graphs} --out "$OUT/family_checks_$(echo "$f" | tr , _).json" 2>&1 | tail -30 ;;
     linear_grouped)  # the experts' grouped launches (+ LINEAR_GROUPED_VARIANTS json) vs torch._grouped_mm / cuBLAS loop
       timeout 480 python3 benchmarks/linear_grouped_gpu.py ${LINEAR_GROUPED_VARIANTS:+--variants-json $LINEAR_GROUPED_VARIANTS} \
         --budget-s ${LINEAR_GROUPED_BUDGET_S:-400} --out "$OUT/linear_grouped.json" 2>&1 | tail -40 ;;
