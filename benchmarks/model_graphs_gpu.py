@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_consistency_gpu import MOE_ANSWERS, MOE_PROMPTS  # noqa: E402
 
 from kernels.moe_decoder import MoEDecoder, MoEShape, hooked  # noqa: E402
-from tik_evo.graph_replay import CaptureError, capture_one, replay_check  # noqa: E402
+from tik_evo.graph_replay import capture_one, tallied  # noqa: E402
 
 WIDTHS = {  # four layers at the widths of the models named
     "qwen3-4b.dense": dict(vocab=151936, hidden=2560, layers=4, q_heads=32, kv_heads=8, head_dim=128, experts=0,
@@ -41,19 +41,7 @@ def graph_rollout(m: MoEDecoder, seqs, prompts, capture=capture_one) -> tuple[li
     tally: dict = {}
 
     def replayed(family, path, call, *args):
-        t = tally.setdefault(f"{family}.{path}", {"calls": 0, "written": 0, "elements": 0, "differ": 0,
-                                                   "capture_failures": 0})
-        t["calls"] += 1
-        try:
-            r = replay_check(call, *args, capture=capture)
-        except CaptureError as e:
-            t["capture_failures"] += 1
-            t.setdefault("first_failure", str(e))
-            return e.result
-        t["written"] += r.written
-        t["elements"] += r.elements
-        t["differ"] += r.differ
-        return r.result
+        return tallied(tally, f"{family}.{path}", call, *args, capture=capture)
 
     with hooked(m, replayed):
         lps = m.rollout_logprobs(seqs, prompts)

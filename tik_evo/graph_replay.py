@@ -94,6 +94,24 @@ def replay_check(call: Callable[..., Any], *args, capture: Callable = capture_on
                   sum(_differ(t, e) for t, e in zip(small, eager)))
 
 
+def tallied(tally: dict, key: str, call: Callable[..., Any], *args, capture: Callable = capture_one) -> Any:
+    """replay_check(call, *args) with its outcome added to tally[key] (calls, outputs written, their elements,
+    differing elements, capture failures and the first one's error); a call that cannot be captured keeps its
+    eager outputs. Returns the eager call's value."""
+    t = tally.setdefault(key, {"calls": 0, "written": 0, "elements": 0, "differ": 0, "capture_failures": 0})
+    t["calls"] += 1
+    try:
+        r = replay_check(call, *args, capture=capture)
+    except CaptureError as e:
+        t["capture_failures"] += 1
+        t.setdefault("first_failure", str(e))
+        return e.result
+    t["written"] += r.written
+    t["elements"] += r.elements
+    t["differ"] += r.differ
+    return r.result
+
+
 class Rerun:
     """Stands in for a CUDA graph where there is none (the CPU): replay() runs the captured call again, so the
     check still catches a call whose bits depend on state kept between calls."""
@@ -125,19 +143,7 @@ class _Replayed:
             return fn
 
         def replayed(*args):
-            t = self._tally.setdefault(name, {"calls": 0, "written": 0, "elements": 0, "differ": 0,
-                                              "capture_failures": 0})
-            t["calls"] += 1
-            try:
-                r = replay_check(fn, *args, capture=self._capture)
-            except CaptureError as e:
-                t["capture_failures"] += 1
-                t.setdefault("first_failure", str(e))
-                return e.result
-            t["written"] += r.written
-            t["elements"] += r.elements
-            t["differ"] += r.differ
-            return r.result
+            return tallied(self._tally, name, fn, *args, capture=self._capture)
         return replayed
 
 
