@@ -245,6 +245,9 @@ def _validate(cfg: DictConfig, path: Path) -> None:
     _choice(cfg.gpu.policy, GPU_POLICIES, "gpu.policy", path)
     _choice(cfg.device, DEVICES, "device", path)
     _choice(cfg.evaluate.executor, ("auto", "spawn", "forkserver"), "evaluate.executor", path)
+    # YAML (and a command-line override) reads a bare on / off as a boolean, which the str field keeps as text.
+    cfg.evaluate.graph_replay = {"True": "on", "False": "off"}.get(cfg.evaluate.graph_replay,
+                                                                   cfg.evaluate.graph_replay)
     _choice(cfg.evaluate.graph_replay, ("auto", "on", "off"), "evaluate.graph_replay", path)
     for op in cfg.search.operators:
         _choice(op, tuple(OPERATORS), "search.operators", path)

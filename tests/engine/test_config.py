@@ -32,6 +32,12 @@ def test_errors_name_file_and_key(tmp_path, sections, key):
     assert str(path) in str(e.value) and key in str(e.value)
 
 
+def test_graph_replay_takes_on_and_off_as_yaml_reads_them():
+    for text, want in (("on", "on"), ("off", "off"), ("auto", "auto"), ("true", "on")):
+        cfg = load_campaign(ROOT / "campaigns" / "quickstart.yaml", [f"evaluate.graph_replay={text}"])
+        assert cfg.evaluate.graph_replay == want, text
+
+
 def test_override_errors_name_the_key():
     with pytest.raises(ConfigError, match="search.max_evaluations"):
         load_campaign(ROOT / "campaigns" / "quickstart.yaml", ["search.max_evaluations=lots"])
