@@ -63,16 +63,26 @@ def capture_one(fn: Callable[[], Any]):
     return _capture(fn, 1)
 
 
+def _tensor_args(args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every non-empty tensor among the arguments, one level of tuples and lists included."""
+    out = []
+    for name, a in [*((str(i), a) for i, a in enumerate(args)), *kwargs.items()]:
+        for j, t in enumerate(a) if isinstance(a, (tuple, list)) else [(None, a)]:
+            if isinstance(t, torch.Tensor) and t.numel():
+                out.append((name if j is None else f"{name}[{j}]", t))
+    return out
+
+
 def replay_check(call: Callable[..., Any], *args, capture: Callable = capture_one,
-                 large_bytes: int = LARGE_BYTES) -> Replay:
-    """call(*args) eagerly, then from a graph that `capture` makes of it with the same arguments, on the same
-    input values: every tensor argument (up to `large_bytes`) is restored to its state before the eager call,
-    so an output the replay did not write reads as differing. The replay's writes are left in place."""
-    tensors = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.numel()]
+                 large_bytes: int = LARGE_BYTES, **kwargs) -> Replay:
+    """call(*args, **kwargs) eagerly, then from a graph that `capture` makes of it with the same arguments, on the
+    same input values: every tensor argument (up to `large_bytes`) is restored to its state before the eager
+    call, so an output the replay did not write reads as differing. The replay's writes are left in place."""
+    tensors = _tensor_args(args, kwargs)
     small = [t for _, t in tensors if t.numel() * t.element_size() <= large_bytes]
     large = [(i, t, _fingerprint(t)) for i, t in tensors if t.numel() * t.element_size() > large_bytes]
     before = [t.clone() for t in small]
-    result = call(*args)
+    result = call(*args, **kwargs)
     for i, t, mark in large:
         if _fingerprint(t) != mark:
             raise ValueError(f"replay_check: argument {i} {list(t.shape)} ({t.numel() * t.element_size()} "
@@ -82,7 +92,7 @@ def replay_check(call: Callable[..., Any], *args, capture: Callable = capture_on
     for t, b in zip(small, before):
         t.copy_(b)
     try:
-        graph = capture(lambda: call(*args))
+        graph = capture(lambda: call(*args, **kwargs))
     except Exception as e:  # noqa: BLE001 - the caller decides; the eager outputs stand
         for t, e_out in zip(small, eager):
             t.copy_(e_out)
@@ -94,14 +104,15 @@ def replay_check(call: Callable[..., Any], *args, capture: Callable = capture_on
                   sum(_differ(t, e) for t, e in zip(small, eager)))
 
 
-def tallied(tally: dict, key: str, call: Callable[..., Any], *args, capture: Callable = capture_one) -> Any:
-    """replay_check(call, *args) with its outcome added to tally[key] (calls, outputs written, their elements,
+def tallied(tally: dict, key: str, call: Callable[..., Any], *args, capture: Callable = capture_one,
+            **kwargs) -> Any:
+    """replay_check(call, *args, **kwargs) with its outcome added to tally[key] (calls, outputs written, their elements,
     differing elements, capture failures and the first one's error); a call that cannot be captured keeps its
     eager outputs. Returns the eager call's value."""
     t = tally.setdefault(key, {"calls": 0, "written": 0, "elements": 0, "differ": 0, "capture_failures": 0})
     t["calls"] += 1
     try:
-        r = replay_check(call, *args, capture=capture)
+        r = replay_check(call, *args, capture=capture, **kwargs)
     except CaptureError as e:
         t["capture_failures"] += 1
         t.setdefault("first_failure", str(e))
@@ -142,8 +153,8 @@ class _Replayed:
         if name not in self._names:
             return fn
 
-        def replayed(*args):
-            return tallied(self._tally, name, fn, *args, capture=self._capture)
+        def replayed(*args, **kwargs):
+            return tallied(self._tally, name, fn, *args, capture=self._capture, **kwargs)
         return replayed
 
 

@@ -12,6 +12,7 @@ import torch
 from kernels.decoder import roots
 from kernels.moe_decoder import MoEDecoder, MoEShape
 from tik_evo.candidate import load_module
+from tik_evo.families import available, load_family
 from tik_evo.graph_replay import CaptureError, Rerun, audit_checks, replay_check
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -115,9 +116,26 @@ def test_a_rollout_from_replays_gives_the_eager_rollouts_log_probs():
     assert all(t["differ"] == 0 for key, t in tally.items() if key != "silu_mul.decode"), tally
 
 
-def test_audit_checks_judge_the_replays_and_name_each_entry_point():
-    from tik_evo.families import load_family
+@pytest.mark.parametrize("name", available())
+def test_every_family_root_passes_the_graph_stage_on_the_cpu(name):
+    # The stage runs by default on GPUs; here its plumbing meets every family's checks (keyword and tuple
+    # arguments, helpers read through the proxy), with `Rerun` for the graph: each root's forward entry points
+    # are called, and a second call writes the first one's bits.
+    family = load_family(name)
+    impl = load_module(family.folder / "root.py", f"graph_root_{name}")
+    got = audit_checks(family, impl, 0, "cpu")
+    assert all(c.passed for c in got), [(c.name, c.details) for c in got if not c.passed][:3]
+    replays = [c for c in got if c.name.startswith("graph replay == eager call")]
+    assert replays and all(c.details["written"] > 0 for c in replays), [(c.name, c.details) for c in replays]
 
+
+def test_keyword_and_tuple_arguments_are_put_back_too():
+    rows, out = (torch.zeros(3), torch.ones(3)), torch.zeros(3)
+    r = replay_check(lambda o, rows: o.copy_(rows[0] + rows[1]), out, rows=rows, capture=Inert)
+    assert (r.written, r.differ) == (1, 3) and torch.equal(out, torch.zeros(3))
+
+
+def test_audit_checks_judge_the_replays_and_name_each_entry_point():
     family = load_family("rmsnorm")
     impl = roots(("rmsnorm",))["rmsnorm"]
     good = audit_checks(family, impl, 0, "cpu")
