@@ -125,8 +125,12 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
             st["finished"] = {"reason": "root failed its audit", "at": time.time()}
             txn.event("init", f"root failed its audit ({out.failure_kind})")
     if not out.passed:
+        graph = any(s["name"] == "graph" and not s["passed"] for s in out.stages)
         raise InitError(f"the root of {family.name!r} failed its audit ({out.failure_kind}): {out.failure[:2000]}\n"
-                        f"evidence: {run_dir / 'audits' / 'I0'}; `tik-evo show {run_dir} I0`")
+                        f"evidence: {run_dir / 'audits' / 'I0'}; `tik-evo show {run_dir} I0`"
+                        + ("\nits CUDA-graph replays differ from its eager calls (or cannot be captured), so a rollout "
+                           "engine replaying it from graphs would not get its bits; evaluate.graph_replay=off skips "
+                           "that stage" if graph else ""))
     with store.transaction() as txn:
         st = txn.state
         st["root_latencies"] = {n: m["median_s"] for n, m in out.measurements.items()}

@@ -166,3 +166,22 @@ def test_bench_runs_the_model_suites_and_says_when_there_is_no_gpu(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().out
     assert main(["bench", "silu_mul"]) == 2
     assert "tik-evo bench ops --families silu_mul" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_root_whose_graph_replays_differ_stops_the_run_and_says_how_to_skip_the_stage(tmp_path, monkeypatch, capsys):
+    # The graph stage runs on GPUs by default (forced on here); a root that remembers the outputs it has written
+    # (so a replay writes nothing) fails it, and the error names the switch.
+    from tik_evo.families import load_family
+
+    family = load_family("rmsnorm")
+    source = family.root_source()
+    cheat = source.replace('    """One token per sequence: x [batch, hidden]; same per-row numerics as rmsnorm_full."""\n',
+                           '    """One token per sequence."""\n    if any(t is out for t in WRITTEN):\n        return\n'
+                           '    WRITTEN.append(out)\n') + "\nWRITTEN = []\n"
+    assert cheat != source
+    monkeypatch.setattr(family, "root_source", lambda: cheat)
+    rc = main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), "evaluate.graph_replay=on",
+               "search.max_evaluations=1", f"store.path={tmp_path / 'run'}"])
+    assert rc != 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "failed its audit (consistency)" in err and "evaluate.graph_replay=off" in err, err[-800:]
