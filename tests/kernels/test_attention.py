@@ -399,6 +399,30 @@ def test_decode_ignores_cache_beyond_context():
         assert float((out[b:b + 1].double() - ref).norm() / ref.norm()) < 1.6e-2
 
 
+@pytest.mark.parametrize("merge", ["plain", "fused"])
+def test_a_padded_decode_row_leaves_the_other_rows_bits(merge):
+    # Engines pad a decode batch up to a captured graph's size; a padded slot may come with context length 0.
+    # Its own row is NaN (nothing to attend to); every other row keeps its bits, in this launch and the next
+    # (the fused merge's arrival counters are left at zero).
+    mod = load(with_knobs(FAMILY.root_source(), SPLIT_TOKENS=64, DECODE_MERGE_LAUNCH=merge,
+                          DECODE_MERGE_ROWS=1 if merge == "fused" else 4))
+    fused = []
+    record_launches(mod, "_decode_kernel", lambda grid, kw: fused.append(kw["FUSED_MERGE"]))
+    g = torch.Generator().manual_seed(6)
+    B, HQ, HKV, D, cap = 3, 4, 2, 64, 150
+    q = torch.randn((B, HQ, 1, D), generator=g).bfloat16()
+    kc = torch.randn((B, HKV, cap, D), generator=g).bfloat16()
+    vc = torch.randn((B, HKV, cap, D), generator=g).bfloat16()
+    outs = []
+    for lens in ([100, 1, 150], [100, 0, 150], [100, 1, 150]):
+        out = torch.full((B, HQ, 1, D), float("nan"), dtype=torch.bfloat16)
+        mod.decode(q, kc, vc, torch.tensor(lens, dtype=torch.int32), 1 / math.sqrt(D), out)
+        outs.append(out.view(torch.int16))
+    assert torch.equal(outs[1][0], outs[0][0]) and torch.equal(outs[1][2], outs[0][2])
+    assert torch.equal(outs[2], outs[0])  # the launch after the padded one is unaffected
+    assert fused == [merge == "fused"] * 3
+
+
 def test_benches_on_cpu_workloads():
     mod = load(FAMILY.root_source())
     spec = yaml.safe_load((REPO / "workloads" / "attention_cpu.yaml").read_text())

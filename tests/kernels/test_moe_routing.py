@@ -139,3 +139,26 @@ def test_path_tiles_apply_only_without_a_row_sum():
     assert impl._tile("FULL", False) == (4, 1)  # renormalize=False: the weights divide by the row sum
     probs = load("tiles_probs", FULL_BLOCK_T=32, FULL_NUM_WARPS=2, RENORM_FROM="probs")
     assert probs._tile("FULL", True) == (4, 1)
+
+
+def test_padded_rows_keep_expert_ids_in_range_and_the_other_rows_bits():
+    # An engine pads a decode batch up to a captured graph's size, and a padded row's router logits may be NaN
+    # (its attention saw no keys). Its ids must still index real experts (the expert dispatch gathers by them),
+    # and every other row keeps its bits.
+    impl = load()
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(6, 128, generator=g).to(torch.bfloat16)
+    padded = x.clone()
+    padded[1] = float("nan")
+    padded[4, :5] = float("nan")
+    outs = []
+    for logits in (x, padded):
+        w, w32 = torch.empty(6, 8, dtype=torch.bfloat16), torch.empty(6, 8)
+        ids = torch.full((6, 8), -1, dtype=torch.int32)
+        impl.moe_routing_decode(logits, w, ids, w32, True)
+        outs.append((w32.view(torch.int32), ids))
+    keep = [0, 2, 3, 5]
+    assert torch.equal(outs[1][0][keep], outs[0][0][keep]) and torch.equal(outs[1][1][keep], outs[0][1][keep])
+    ids = outs[1][1]
+    assert bool(((ids >= 0) & (ids < 128)).all()), ids
+    assert all(len(set(row.tolist())) == 8 for row in ids)  # distinct experts in every row
