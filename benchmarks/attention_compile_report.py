@@ -4,9 +4,8 @@ compiler did: shared memory, registers, spills, and the wgmma / TMA instructions
     python benchmarks/attention_compile_report.py [--source FILE] [--knobs '{"FULL_KV_LOADS": "tma"}']
         [--paths prefill,prefill_ws]
 
---knobs may also be a JSON list of knob changes: one report per entry, as a JSON list, from one process (the
-imports and the variants' shared kernels are paid once). --paths compiles only the kernels named (the others
-read null).
+--knobs may also be a JSON list of knob changes: one report per entry, as a JSON list, from one process (Python
+and Triton start once). --paths compiles only the kernels named (the others read null).
 
 Integer and pointer arguments get the 16-byte divisibility the Triton runtime specialises on at launch (the
 grid's sizes are multiples of 16); without it pointer loads cannot be vectorised, are not software-pipelined,

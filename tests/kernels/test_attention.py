@@ -418,6 +418,7 @@ def test_a_padded_decode_row_leaves_the_other_rows_bits(merge):
         out = torch.full((B, HQ, 1, D), float("nan"), dtype=torch.bfloat16)
         mod.decode(q, kc, vc, torch.tensor(lens, dtype=torch.int32), 1 / math.sqrt(D), out)
         outs.append(out.view(torch.int16))
+    assert torch.isnan(outs[1][1].view(torch.bfloat16)).all()  # as docs/using.md says
     assert torch.equal(outs[1][0], outs[0][0]) and torch.equal(outs[1][2], outs[0][2])
     assert torch.equal(outs[2], outs[0])  # the launch after the padded one is unaffected
     assert fused == [merge == "fused"] * 3
