@@ -434,7 +434,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--list", action="store_true", help="list the family's named sets and knobs")
     r.add_argument("-o", "--output", help="write the source here (default: standard output)")
     r.set_defaults(fn=cmd_kernel)
-    r = sub.add_parser("bench", help="benchmark a family against its peers, or run ops / model / model-speed / model-graphs (GPU)")
+    r = sub.add_parser("bench", help="benchmark a family against its peers, or run ops / model / model-speed / "
+                                     "model-graphs (GPU)")
     r.add_argument("family")
     r.add_argument("rest", nargs=argparse.REMAINDER)
     r.set_defaults(fn=cmd_bench)

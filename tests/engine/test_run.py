@@ -168,7 +168,7 @@ def test_bench_runs_the_model_suites_and_says_when_there_is_no_gpu(capsys):
     assert "tik-evo bench ops --families silu_mul" in " ".join(capsys.readouterr().err.split())
 
 
-def test_a_root_whose_graph_replays_differ_stops_the_run_and_says_how_to_skip_the_stage(tmp_path, monkeypatch, capsys):
+def test_a_root_whose_graph_replays_differ_stops_the_run_and_names_the_stage(tmp_path, monkeypatch, capsys):
     # The graph stage runs on GPUs by default (forced on here); a root that remembers the outputs it has written
     # (so a replay writes nothing) fails it, and the error names the switch.
     from tik_evo.families import load_family
