@@ -155,8 +155,8 @@ def test_bad_start_is_refused_before_a_run_exists(tmp_path, capsys):
 
 
 def test_bench_runs_the_model_suites_and_says_when_there_is_no_gpu(capsys):
-    # `tik-evo bench model` / `model-speed` / `model-graphs` need a GPU: on this CPU machine they say so and exit 2; an unknown
-    # name is refused naming the way to benchmark an operator family.
+    # `tik-evo bench model` / `model-speed` / `model-graphs` need a GPU: on this CPU machine they say so and exit 2;
+    # an unknown name is refused naming the way to benchmark an operator family.
     if torch.cuda.is_available():
         return
     assert main(["bench", "model", "--model", "moe"]) == 2
