@@ -59,6 +59,18 @@ def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
     return "cuda", facts, warnings
 
 
+def _yaml_switch(family: Family, name: str, value: Any) -> Any:
+    """YAML and command-line overrides read a bare on / off as a boolean: back to "on" / "off" for a knob whose
+    values are those strings and not booleans."""
+    try:
+        values = family.knob(name).values
+    except KeyError:
+        return value  # check_knobs names the unknown knob
+    if isinstance(value, bool) and value not in values and ("on" if value else "off") in values:
+        return "on" if value else "off"
+    return value
+
+
 def knob_changes(family: Family, set_name: str | None, knobs: dict[str, Any], where: str,
                  keys: tuple[str, str] = ("start.set", "start.knobs")) -> dict[str, Any]:
     """A named set's knob changes, then `knobs`, validated against the family's knob space; raises ConfigError
@@ -72,6 +84,7 @@ def knob_changes(family: Family, set_name: str | None, knobs: dict[str, Any], wh
                               f"{family.name!r} (sets: {', '.join(sorted(sets)) or 'none'})")
         parts.insert(0, (keys[0], sets[set_name]))
     for key, part in parts:
+        part = {name: _yaml_switch(family, name, v) for name, v in part.items()}
         try:
             family.check_knobs(part, f"{where}: key {key!r}")
         except ValueError as e:

@@ -145,6 +145,18 @@ def test_run_starts_from_the_campaign_start(tmp_path, capsys):
         assert (tmp_path / "best.py").read_text() == s.source(s.get(s.state()["best"]).source_hash)
 
 
+def test_start_knobs_read_on_and_off_as_the_knobs_strings():
+    # YAML and overrides read a bare on / off as a boolean; a knob whose values are "off" / "on" / "auto" gets
+    # the string back, and a boolean knob keeps its boolean.
+    from tik_evo.config import load_campaign
+    from tik_evo.families import load_family
+    from tik_evo.initialization import start_changes
+
+    cfg = load_campaign(ROOT / "campaigns" / "h200_linear.yaml",
+                        ["start.knobs.FULL_CHUNKED_WIDE=on", "start.knobs.FULL_USE_TMA=off"])
+    assert start_changes(cfg, load_family("linear")) == {"FULL_CHUNKED_WIDE": "on", "FULL_USE_TMA": False}
+
+
 def test_bad_start_is_refused_before_a_run_exists(tmp_path, capsys):
     run = tmp_path / "bad"
     rc = main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={run}",
