@@ -1,11 +1,17 @@
 """GPU benchmark of the operator families: one entry point, suites register their families.
 
 Each suite is a module in this folder, listed in ``SUITES`` with the families it covers. A suite either
-defines ``run(families: list[str], out_dir: Path) -> dict`` (``ops_rowwise_gpu``) or a ``main(argv)`` taking
-``--out FILE`` (``ops_matmul_gpu``: linear, logprob, moe_routing; run whole). Missing suites are skipped, so
-each can be developed alone; each suite also runs on its own.
+defines ``run(families: list[str], out_dir: Path, extras=...) -> dict`` (``ops_rowwise_gpu``) or a ``main(argv)``
+taking ``--out FILE``, ``--families`` and ``--extras JSON`` (``ops_matmul_gpu``: linear, logprob, moe_routing).
+Missing suites are skipped, so each can be developed alone; each suite also runs on its own.
 
     PYTHONPATH=$PWD python3 benchmarks/ops_gpu.py [--families rope,silu_mul] [--out DIR] [--dry-run]
+        [--best RUN_DIR ...] [--kernel FAMILY=FILE ...]
+
+``--best`` (a run directory of an operator family's campaign) and ``--kernel`` (a kernel file, e.g. from
+`tik-evo kernel FAMILY ... -o FILE` or `tik-evo show RUN best -o FILE`) add implementations that are checked on
+this GPU and timed beside the family's root and its peers on the same cells. Without ``--families`` only their
+families run.
 
 Imports only torch/triton/numpy (+ tik_evo.family/checks), so it runs on the bare GPU image.
 """
@@ -16,13 +22,73 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
+import tempfile
 from pathlib import Path
 
 SUITES = {
-    "ops_rowwise_gpu": ("add_rmsnorm", "silu_mul", "rope", "qk_rmsnorm", "embedding", "kv_append"),
+    "ops_rowwise_gpu": ("rmsnorm", "add_rmsnorm", "silu_mul", "rope", "qk_rmsnorm", "embedding", "kv_append"),
     "ops_matmul_gpu": ("linear", "logprob", "moe_routing"),
 }
+FAMILIES = tuple(f for fams in SUITES.values() for f in fams)
+
+
+class UsageError(ValueError):
+    """A bad --best / --kernel / --families argument; the message names it."""
+
+
+def _label(stem: str, taken: dict) -> str:
+    """A JSON-key-safe label, unique among `taken`."""
+    label = re.sub(r"\W", "_", stem)
+    n, base = 2, label
+    while label in taken:
+        label, n = f"{base}_{n}", n + 1
+    return label
+
+
+def extra_implementations(best: list[str], kernels: list[str], tmp: Path) -> dict[str, dict[str, str]]:
+    """{family: {label: path}} of the implementations to time beside the roots, each read and its KNOBS checked
+    against its family's space before anything runs, so a wrong path, family or knob is named at once."""
+    from tik_evo.knobs import read_knobs
+
+    def known(arg: str, family: str) -> None:
+        if family not in FAMILIES:
+            raise UsageError(f"{arg}: family {family!r} has no ops benchmark (these do: {', '.join(FAMILIES)}; "
+                             "attention: `tik-evo bench attention --best RUN_DIR`)")
+
+    found: list[tuple[str, str, str, str]] = []  # (argument, family, label stem, source)
+    for run_dir in best:
+        from tik_evo.store import StoreError, best_of  # lmdb: only where a run directory is given
+
+        try:
+            family, impl_id, source = best_of(Path(run_dir))
+        except StoreError as e:
+            raise UsageError(f"--best {run_dir}: {e}") from None
+        known(f"--best {run_dir}", family)
+        found.append((f"--best {run_dir}", family, f"best_{impl_id}", source))
+    for item in kernels:
+        family, sep, path = item.partition("=")
+        if not sep or not path:
+            raise UsageError(f"--kernel {item}: expected FAMILY=FILE, e.g. rope=rope_kernel.py")
+        known(f"--kernel {item}", family)
+        try:
+            source = Path(path).read_text()
+        except OSError as e:
+            raise UsageError(f"--kernel {item}: {e.strerror or e}") from None
+        found.append((f"--kernel {item}", family, f"file_{Path(path).stem}", source))
+    extras: dict[str, dict[str, str]] = {}
+    for arg, family, stem, source in found:
+        try:
+            importlib.import_module(f"kernels.{family}").FAMILY.check_knobs(read_knobs(source), "its KNOBS")
+        except ValueError as e:  # no KNOBS dict, or a knob outside the family's space (KnobsError is one too)
+            raise UsageError(f"{arg}: {e}") from None
+        taken = extras.setdefault(family, {})
+        label = _label(stem, taken)
+        path = tmp / f"{family}_{label}.py"
+        path.write_text(source)
+        taken[label] = str(path)
+    return extras
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,11 +96,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default="", help="comma-separated family names (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON results")
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter run of the suites that support it")
+    ap.add_argument("--best", metavar="RUN_DIR", action="append", default=[],
+                    help="also check and time the best implementation of a run directory (repeatable)")
+    ap.add_argument("--kernel", metavar="FAMILY=FILE", action="append", default=[],
+                    help="also check and time a kernel file of FAMILY (repeatable)")
     args = ap.parse_args(argv)
+    if args.dry_run:  # before any kernel module is imported (the --kernel checks import the families)
+        os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(Path(__file__).parent))
-    wanted = [f for f in args.families.split(",") if f] or None
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        wanted = [f for f in args.families.split(",") if f] or None
+        unknown = [f for f in wanted or [] if f not in FAMILIES]
+        if unknown:
+            raise UsageError(f"--families: {', '.join(unknown)} not benchmarked here (these are: "
+                             f"{', '.join(FAMILIES)})")
+        out.mkdir(parents=True, exist_ok=True)
+        extras = extra_implementations(args.best, args.kernel, Path(tempfile.mkdtemp(prefix="ops_extras_")))
+    except (UsageError, OSError) as e:
+        print(f"tik-evo bench ops: {e}", file=sys.stderr)
+        return 2
+    if not args.dry_run:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("tik-evo bench ops needs a CUDA GPU (--dry-run runs the row-wise suite's code paths on the CPU "
+                  "under the Triton interpreter)", file=sys.stderr)
+            return 2
+    if extras and wanted is None:
+        wanted = list(extras)  # a run's best or a file: its family alone, unless --families says otherwise
+    missing = [f for f in extras if f not in wanted]
+    if missing:
+        print(f"tik-evo bench ops: --families leaves out {', '.join(missing)}, the family of a --best / --kernel",
+              file=sys.stderr)
+        return 2
     results = {}
     for suite, families in SUITES.items():
         fams = [f for f in families if wanted is None or f in wanted]
@@ -48,12 +144,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         if args.dry_run:
             if not hasattr(mod, "_dry_run_setup"):
+                print(f"{suite} ({', '.join(fams)}): no dry run (GPU only); skipped")
                 continue
             mod._dry_run_setup()
+        mine = {f: extras[f] for f in fams if f in extras}
         if hasattr(mod, "run"):
-            results[suite] = mod.run(fams, out)
-        else:  # a suite with its own command line: run it whole
-            results[suite] = {"rc": mod.main(["--out", str(out / f"{suite}.json")]),
+            results[suite] = mod.run(fams, out, extras=mine)
+        else:  # a suite with its own command line
+            results[suite] = {"rc": mod.main(["--out", str(out / f"{suite}.json"), "--families", ",".join(fams),
+                                              "--extras", json.dumps(mine)]),
                               "json": f"{suite}.json"}
     (out / "ops_gpu.json").write_text(json.dumps(results, indent=1, default=str))
     return 0

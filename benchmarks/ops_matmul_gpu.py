@@ -7,6 +7,10 @@ shapes. One run, one JSON file, a short table printed last.
 With `--linear-variants FILE` (a JSON {name: knob changes}) only the linear decode cells (M 1, 64, 256 of the five
 shapes) are timed, each variant against cuBLAS, after its decode rows are checked bit for bit against a full pass.
 
+With `--extras JSON` ({family: {label: kernel file}}, as `benchmarks/ops_gpu.py --best / --kernel` pass it) each
+file is checked like the root and timed beside it on every cell of its family (rows named by its label, the
+root timed back to back as "root"); RESULTS["extras"] gives each one's time over the root's per cell.
+
 Imports only torch, triton and tik_evo.knobs (plus liger_kernel when it is installed). Every configuration
 timed is also checked bit for bit (decode rows against the same rows of a full pass) before it may be chosen.
 """
@@ -16,6 +20,7 @@ timed is also checked bit for bit (decode rows against the same rows of a full p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -34,20 +39,44 @@ sys.path.insert(0, str(ROOT))
 from tik_evo.knobs import read_knobs, write_knobs  # noqa: E402
 
 RESULTS: dict = {"env": {}, "ceilings": {}, "linear": [], "logprob": [], "moe_routing": [], "consistency": [],
-                 "chosen": {}, "errors": []}
+                 "chosen": {}, "errors": [], "extras": {}}
 ROWS: list[tuple] = []  # (family, workload, impl, time_us, metric)
 DEADLINE = [float("inf")]
 _IMPLS: dict = {}
 
 
-def load(family: str, knobs: dict | None = None):
-    """The family's root with some KNOBS entries replaced, imported from a real file (Triton needs one)."""
-    key = (family, tuple(sorted((knobs or {}).items())))
+@dataclasses.dataclass(frozen=True)
+class KernelFile:
+    """An extra implementation (a run's best, a kernel file): stands where a dict of knob changes to the root
+    stands in `load`, `tag` and the consistency checks."""
+
+    label: str
+    path: str
+
+
+EXTRAS: dict[str, list[KernelFile]] = {}  # family -> its extra implementations (--extras)
+
+
+def with_root(family: str) -> list:
+    """The root ({}) and the family's extra implementations, to time back to back on a cell; [] without extras."""
+    return [{}, *EXTRAS[family]] if EXTRAS.get(family) else []
+
+
+def load(family: str, knobs: dict | KernelFile | None = None):
+    """The family's root with some KNOBS entries replaced (or a KernelFile's source), imported from a real file
+    (Triton needs one)."""
+    if isinstance(knobs, KernelFile):
+        key, src = (family, knobs.path), None
+    else:
+        key, src = (family, tuple(sorted((knobs or {}).items()))), ""
     if key not in _IMPLS:
-        importlib.import_module(f"kernels.{family}").FAMILY.check_knobs(knobs or {}, f"{family} variant {knobs}")
-        src = (ROOT / "kernels" / family / "root.py").read_text()
-        if knobs:
-            src = write_knobs(src, {**read_knobs(src), **knobs})
+        if src is None:
+            src = Path(knobs.path).read_text()
+        else:
+            importlib.import_module(f"kernels.{family}").FAMILY.check_knobs(knobs or {}, f"{family} variant {knobs}")
+            src = (ROOT / "kernels" / family / "root.py").read_text()
+            if knobs:
+                src = write_knobs(src, {**read_knobs(src), **knobs})
         name = f"bench_{family}_{len(_IMPLS)}"
         path = Path("/tmp") / f"{name}.py"
         path.write_text(src)
@@ -58,8 +87,25 @@ def load(family: str, knobs: dict | None = None):
     return _IMPLS[key]
 
 
-def tag(knobs: dict) -> str:
+def tag(knobs: dict | KernelFile) -> str:
+    if isinstance(knobs, KernelFile):
+        return knobs.label
     return ",".join(f"{k}={v}" for k, v in knobs.items()) or "root"
+
+
+def summarize_extras() -> None:
+    """RESULTS["extras"][family][label]: each extra's time over the root's on every cell where both were timed
+    back to back (rows `label` / `root`, with the linear rows' "full:" / "decode:" prefixes)."""
+    for family, files in EXTRAS.items():
+        times: dict = {}  # impl -> workload -> us
+        for r in RESULTS[family]:
+            impl = r["impl"].removeprefix("full:").removeprefix("decode:")
+            times.setdefault(impl, {})[r["workload"]] = r["time_us"]
+        root = times.get("root", {})
+        for f in files:
+            ratios = {wl: us / root[wl] for wl, us in times.get(f.label, {}).items() if wl in root}
+            RESULTS["extras"].setdefault(family, {})[f.label] = {
+                "path": f.path, "vs_root": ratios, "gmean_vs_root": gmean(ratios.values()) if ratios else None}
 
 
 def timeit(fn, graph: bool) -> float:
@@ -125,6 +171,19 @@ def guard(name):
                 print(f"-- {name} done in {time.time() - t0:.1f}s", flush=True)
         return run
     return deco
+
+
+def guarded(section: str, f):
+    """f() or, if it raises, None with the error recorded: an extra implementation that fails on one cell loses
+    that cell only. The time budget still stops the run."""
+    try:
+        return f()
+    except TimeoutError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        RESULTS["errors"].append({"section": section, "error": repr(e)[:500]})
+        print(f"!! {section}: {e!r}"[:300], flush=True)
+        return None
 
 
 def gmean(xs):
@@ -262,6 +321,14 @@ def bench_linear(full_ms, decode_ms):
                            tflops=flops / t / 1e12, vs_cublas=t / t_cublas,
                            bw_TBps=((m + n) * k * 2 + m * n * 2) / t / 1e12,
                            pct_matmul_peak=flops / t / 1e12 / peak if peak else None)
+            for spec in with_root("linear"):  # the root and each extra implementation, back to back
+                def run(spec=spec):
+                    fn = getattr(load("linear", spec), "linear_decode" if decode else "linear_full")
+                    return timeit(cycler(sets, lambda x, w: fn(x, w, None, y)), decode)
+                t = guarded(f"linear {tag(spec)} {wl}", run)
+                if t is not None:
+                    record("linear", wl, ("decode:" if decode else "full:") + tag(spec), t, tflops=flops / t / 1e12,
+                           vs_cublas=t / t_cublas)
     # Choose per K_CHUNK the best full and decode schedules, then the K_CHUNK whose pair is best overall.
     best = None
     for chunk in K_CHUNKS:
@@ -524,6 +591,13 @@ def bench_logprob(full_ts, decode_bs, eager_max, compile_ts):
             t = timeit(cycler(sets, lambda x, tg, fn=fn: fn(x, tg, 1.0, lp, ent)), decode)
             split_times.setdefault(split, {})[wl] = t
             rec(wl, tag(kn), t, nbytes)
+        for spec in with_root("logprob"):  # the root and each extra implementation, back to back
+            def run(spec=spec, sets=sets):
+                fn = getattr(load("logprob", spec), "logprob_decode" if decode else "logprob_full")
+                return timeit(cycler(sets, lambda x, tg: fn(x, tg, 1.0, lp, ent)), decode)
+            t = guarded(f"logprob {tag(spec)} {wl}", run)
+            if t is not None:
+                rec(wl, tag(spec), t, nbytes)
         if t_rows <= eager_max:
             rec(wl, "torch_eager", timeit(cycler(sets, lambda x, tg: logprob_torch(x, tg)), decode), nbytes)
             if t_rows in compile_ts:
@@ -610,6 +684,14 @@ def bench_routing(full_ts, decode_bs, compile_ts, sweep=None, check_all=False):
             t = timeit(cycler(sets, lambda x, fn=fn: fn(x, w, ids, w32)), True)
             per_cfg.setdefault(tag(kn), {})[wl] = t
             rec(tag(kn), t)
+        # each extra implementation right after the sweep, whose {} is the root (or the root first, if it is not)
+        for spec in EXTRAS.get("moe_routing", []) if {} in sweep else with_root("moe_routing"):
+            def run(spec=spec):
+                fn = getattr(load("moe_routing", spec), "moe_routing_decode" if t_rows <= 256 else "moe_routing_full")
+                return timeit(cycler(sets, lambda x: fn(x, w, ids, w32)), True)
+            t = guarded(f"moe_routing {tag(spec)} {wl}", run)
+            if t is not None:
+                rec(tag(spec), t)
         rec("torch_eager", timeit(cycler(sets, lambda x: routing_torch(x)), True))
         if t_rows in compile_ts:
             rec("torch_compile", timeit(cycler(sets, lambda x: compiled(x)), True))
@@ -642,8 +724,12 @@ def main(argv=None) -> int:
                          "(every variant bit-checked first; a failing one is not timed)")
     ap.add_argument("--families", default="linear,logprob,moe_routing",
                     help="comma-separated families to check and time (default: all three)")
+    ap.add_argument("--extras", type=json.loads, default={},
+                    help="JSON {family: {label: kernel file}}: check these and time them beside the root")
     args = ap.parse_args(argv)
     fams = set(args.families.split(","))
+    for family, files in args.extras.items():
+        EXTRAS[family] = [KernelFile(label, path) for label, path in files.items()]
     t0 = time.time()
     DEADLINE[0] = t0 + args.budget_s
     props = torch.cuda.get_device_properties(0)
@@ -662,6 +748,8 @@ def main(argv=None) -> int:
         checks = {"linear": linear_consistency, "logprob": logprob_consistency, "moe_routing": routing_consistency}
         for fam in (f for f in checks if f in fams):
             guard(f"{fam} consistency")(checks[fam])({})
+            for f in EXTRAS.get(fam, []):  # an implementation from elsewhere is always checked on this GPU
+                guard(f"{fam} consistency {f.label}")(checks[fam])(f)
         if "linear" in fams:
             bench_linear([4096, 16384], [1, 64, 256])
         # torch.compile peers were timed in the first run (compile time is too dear for a second lease).
@@ -671,6 +759,7 @@ def main(argv=None) -> int:
             sweep = json.loads(args.routing_variants.read_text()) if args.routing_variants else None
             bench_routing([4096, 32768], [1, 64, 256], compile_ts=args.compile_routing, sweep=sweep,
                           check_all=sweep is not None)
+    summarize_extras()
     RESULTS["env"]["wall_s"] = time.time() - t0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(RESULTS, indent=1))
@@ -682,6 +771,11 @@ def main(argv=None) -> int:
     for c in RESULTS["consistency"]:
         print(" ", {k: (float(f"{v:.3g}") if isinstance(v, float) else v) for k, v in c.items() if k != "shapes"})
     print("chosen:", json.dumps({k: v for k, v in RESULTS["chosen"].items()}))
+    for family, per in RESULTS["extras"].items():
+        for label, e in per.items():
+            g = e["gmean_vs_root"]
+            print(f"{family} {label}: time over the root's, geomean {g:.3f} over {len(e['vs_root'])} cells" if g
+                  else f"{family} {label}: not timed (see errors)")
     print(f"errors: {[e['section'] + ': ' + e['error'][:200] for e in RESULTS['errors']]}; "
           f"wall {RESULTS['env']['wall_s']:.0f}s; json {args.out}")
     return 0

@@ -1,5 +1,5 @@
-"""GPU benchmark of the row-wise and elementwise families (add_rmsnorm, qk_rmsnorm, rope, silu_mul, kv_append,
-embedding): each family's root against torch eager, torch.compile and Liger-Kernel where Liger has the op;
+"""GPU benchmark of the row-wise and elementwise families (rmsnorm, add_rmsnorm, qk_rmsnorm, rope, silu_mul,
+kv_append, embedding): each family's root (and any `extras`: a run's best, a kernel file) against torch eager, torch.compile and Liger-Kernel where Liger has the op;
 bitwise path consistency at model shapes (the families' own checks, run on the GPU); achieved bandwidth
 against a device-to-device copy ceiling measured in the same run. Writes JSON to --out; prints a table last.
 rope is timed several ways: `root_us` looks each token's cos/sin row up in the table by position (as the engine
@@ -8,6 +8,10 @@ outside the timed region as Liger's cos/sin are (a model gathers them once per s
 `root_inplace_us` those rows rotated in place (q_out = q); `rows_bitwise` says rows and table gave the same bits.
 
     PYTHONPATH=$PWD python3 benchmarks/ops_rowwise_gpu.py [--families a,b] [--out DIR] [--all-workloads]
+
+An extra implementation (`run(..., extras=)`, from `benchmarks/ops_gpu.py --best / --kernel`) is checked like the
+root (the same cases on this GPU) and timed on the same cells right after it: `<label>_us`,
+`<label>_verify_passed` in each row, `x root` (the root's time over its time) in the table.
 
 Full-sequence workloads are timed with triton.testing.do_bench (median); decode workloads as CUDA-graph
 replays of 20 launches (per-launch median), peers the same way (torch.compile: full workloads only).
@@ -41,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 from tik_evo import checks  # noqa: E402
 from tik_evo.timing import graph_replay_us  # noqa: E402
 
-FAMILIES = ("add_rmsnorm", "silu_mul", "rope", "qk_rmsnorm", "embedding", "kv_append")
+FAMILIES = ("rmsnorm", "add_rmsnorm", "silu_mul", "rope", "qk_rmsnorm", "embedding", "kv_append")
 EPS = 1e-6
 GRAPH_CALLS = 20
 DEVICE = "cuda"  # "cpu" (with --dry-run) exercises every code path under TRITON_INTERPRET=1
@@ -51,6 +55,7 @@ BUDGET = {"deadline": float("inf")}  # wall-clock guard: past it, skip torch.com
 # Timed workloads per family (names from workloads/<family>_models.yaml): the largest full pass, a small one,
 # and decode at batch 1 and 256. --all-workloads times every entry.
 SELECT = {
+    "rmsnorm": ("qwen3-4b.full.T32768", "qwen3-30b-a3b.full.T4096", "qwen3-4b.decode.B1", "qwen3-4b.decode.B256"),
     "add_rmsnorm": ("llama-3.1-8b.full.T32768", "qwen2.5-1.5b.full.T4096", "qwen3-4b.decode.B1",
                     "qwen3-4b.decode.B256"),
     "qk_rmsnorm": ("qwen3-4b.full.T32768", "qwen3-30b-a3b.full.T4096", "qwen3-4b.decode.B1", "qwen3-4b.decode.B256"),
@@ -65,6 +70,8 @@ SELECT = {
 
 # GPU consistency cases at model shapes (token counts not multiples of any block), on top of check_cases("full").
 GPU_CASES = {
+    "rmsnorm": [{"tokens": 4099, "hidden": 4096, "seqs": 7}, {"tokens": 1029, "hidden": 1536, "seqs": 5, "scale": 30.0},
+                {"tokens": 2053, "hidden": 2560, "seqs": 256}],
     "add_rmsnorm": [{"tokens": 4099, "hidden": 4096, "seqs": 7}, {"tokens": 1029, "hidden": 1536, "seqs": 5,
                                                                   "scale": 30.0},
                     {"tokens": 2053, "hidden": 2560, "seqs": 256}],
@@ -170,8 +177,12 @@ def sweep(families, out_dir: Path) -> dict:
 
 
 def load_root(family: str):
-    path = ROOT / "kernels" / family / "root.py"
-    spec = importlib.util.spec_from_file_location(f"root_{family}", path)
+    return load_path(ROOT / "kernels" / family / "root.py", f"root_{family}")
+
+
+def load_path(path: Path, name: str):
+    """A kernel file as a module of its own (Triton needs the source in a real file)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -275,7 +286,13 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
     g = checks.generator(seed)
     rnd = lambda *shape, scale=1.0: checks.randn(shape, g, torch.bfloat16, DEVICE, scale)
     out: dict = {}
-    if family == "add_rmsnorm":
+    if family == "rmsnorm":
+        H = workload["hidden"]
+        x, w = rnd(T, H), rnd(H, scale=0.5) + 1.0
+        out["torch"] = lambda: hf_rmsnorm(x, w)
+        if liger:
+            out["liger"] = lambda: liger["rms_norm"](x, w, EPS, 0.0, "llama", None)
+    elif family == "add_rmsnorm":
         H = workload["hidden"]
         x, r, w = rnd(T, H), rnd(T, H), rnd(H, scale=0.5) + 1.0
 
@@ -396,7 +413,42 @@ def gpu_consistency(family: str, fam, impl) -> dict:
     return {"checks": n, "cases": len(cases), "failed": failed}
 
 
-def bench_family(family: str, liger, all_workloads: bool, changes: dict | None = None) -> dict:
+def time_extra(fam, impl, workload: dict, timer, label: str) -> dict:
+    """An extra implementation's time and fresh-input verification on one workload (row keys `<label>_...`); an
+    error stays in its own key, so the root's and the peers' figures of the row are kept."""
+    try:
+        b = fam.make_bench(impl, workload, 0, DEVICE)
+        out = {f"{label}_us": timer(b.run)}
+        vchecks = b.verify()
+        out[f"{label}_verify_passed"] = all(c.passed for c in vchecks)
+        if not out[f"{label}_verify_passed"]:
+            out[f"{label}_verify_failed"] = [c.to_dict() for c in vchecks if not c.passed]
+        return out
+    except Exception as e:  # noqa: BLE001
+        return {f"{label}_error": repr(e)[:300]}
+
+
+def load_extras(family: str, fam, extras: dict[str, str], res: dict) -> dict:
+    """{label: module} of the extra implementations that load and run their checks; each one's knobs, checks or
+    error go to res["extras"][label]."""
+    mods = {}
+    for label, path in extras.items():
+        info = res.setdefault("extras", {})[label] = {"path": path}
+        t0 = time.time()
+        try:
+            mod = load_path(Path(path), f"{family}_{label}")
+            info["knobs"] = dict(mod.KNOBS)
+            info["consistency"] = gpu_consistency(family, fam, mod)
+            mods[label] = mod
+        except Exception:  # noqa: BLE001 - a broken file is reported; the root's figures go on
+            info["error"] = traceback.format_exc()[-1500:]
+            print(f"{family} {label}: {info['error'].splitlines()[-1]}", flush=True)
+        info["consistency_s"] = round(time.time() - t0, 1)
+    return mods
+
+
+def bench_family(family: str, liger, all_workloads: bool, changes: dict | None = None,
+                 extras: dict[str, str] | None = None) -> dict:
     fam = importlib.import_module(f"kernels.{family}").FAMILY
     fam_mod = importlib.import_module(f"kernels.{family}.family")
     impl = load_variant(family, changes) if changes else load_root(family)
@@ -404,6 +456,7 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
     t0 = time.time()
     res["consistency"] = gpu_consistency(family, fam, impl)
     res["consistency_s"] = round(time.time() - t0, 1)
+    others = load_extras(family, fam, extras or {}, res)
     wl = yaml.safe_load((ROOT / "workloads" / f"{family}{WORKLOADS}.yaml").read_text())["workloads"]
     chosen = wl if all_workloads else [w for w in wl if w["name"] in SELECT[family]]
     rows = []
@@ -422,6 +475,8 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
             if not row["verify_passed"]:
                 row["verify_failed"] = [c.to_dict() for c in vchecks if not c.passed]
             del b
+            for label, mod in others.items():  # timed right after the root, on the same cell
+                row.update(time_extra(fam, mod, w, timer, label))
             if family == "rope" and fam_mod.takes_rows(impl):
                 row["rows_bitwise"] = rope_rows_bitwise(impl, fam_mod, w)
             for name, fn in peers(family, w, liger, fam_mod, impl).items():
@@ -453,7 +508,9 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
 
 
 def run(families, out_dir: Path, all_workloads: bool = False, budget_s: float = 1e9,
-        knobs: dict | None = None) -> dict:
+        knobs: dict | None = None, extras: dict[str, dict[str, str]] | None = None) -> dict:
+    """Check and time `families`' roots (with `knobs` {family: changes} applied) and `extras` {family: {label:
+    kernel file}} beside them; writes rowwise.json to out_dir as each family finishes."""
     BUDGET["deadline"] = time.time() + budget_s
     torch.manual_seed(0)
     liger = load_liger()
@@ -467,7 +524,8 @@ def run(families, out_dir: Path, all_workloads: bool = False, budget_s: float = 
     for fam in families:
         t0 = time.time()
         try:
-            result["families"][fam] = bench_family(fam, liger, all_workloads, (knobs or {}).get(fam))
+            result["families"][fam] = bench_family(fam, liger, all_workloads, (knobs or {}).get(fam),
+                                                   (extras or {}).get(fam))
         except Exception:  # noqa: BLE001
             result["families"][fam] = {"error": traceback.format_exc()[-2000:]}
         result["families"][fam]["wall_s"] = round(time.time() - t0, 1)
@@ -484,6 +542,19 @@ def extra_line(w: dict, name: str, label: str, eager: bool, ok: bool | None) -> 
     xe = f"{w['torch_us'] / us if 'torch_us' in w else float('nan'):8.2f}" if eager else f"{'':>8}"
     xl = w["liger_us"] / us if "liger_us" in w else float("nan")
     print(f"{'':<12}{label:<28}{us:9.1f}{'-':>6}{'':>24}{xe}{xl:8.2f}" + ("" if ok is None else f" {'Y' if ok else 'N'}"))
+
+
+def extra_impl_line(w: dict, label: str, copy_gbps: float) -> None:
+    """A table line for an extra implementation in row `w`: as the root's line, with the root's time over its."""
+    if f"{label}_us" not in w:
+        if f"{label}_error" in w:
+            print(f"{'':<12}{'  ' + label:<28} ERROR {w[f'{label}_error'][:100]}")
+        return
+    us = w[f"{label}_us"]
+    xe = w["torch_us"] / us if "torch_us" in w else float("nan")
+    xl = w["liger_us"] / us if "liger_us" in w else float("nan")
+    print(f"{'':<12}{'  ' + label:<28}{us:9.1f}{100 * w['bytes'] / us / 1e3 / copy_gbps:6.0f}{'-':>8}{'-':>8}{'-':>8}"
+          f"{xe:8.2f}{xl:8.2f} {'Y' if w.get(f'{label}_verify_passed') else 'N'} x root {w['root_us'] / us:.2f}")
 
 
 def print_table(result: dict) -> None:
@@ -511,8 +582,14 @@ def print_table(result: dict) -> None:
             extra_line(w, "root_table", "  table, rotated sets", eager=False, ok=None)
             extra_line(w, "root_inplace", "  rows, in place", eager=False, ok=None)
             extra_line(w, "root_rows", "  + pre-gathered rows", eager=True, ok=w.get("rows_bitwise"))
+            for label in r.get("extras", {}):
+                extra_impl_line(w, label, cp)
         print(f"{'':<12}bitwise/reference checks on {DEVICE}: {cons['checks'] - len(cons['failed'])}/{cons['checks']} "
               f"passed ({r['consistency_s']} s)")
+        for label, info in r.get("extras", {}).items():
+            c = info.get("consistency")
+            print(f"{'':<12}{label}: " + (f"{c['checks'] - len(c['failed'])}/{c['checks']} checks passed"
+                                           if c else f"ERROR {info.get('error', '').splitlines()[-1:]}"))
 
 
 def _dry_run_setup() -> None:

@@ -263,3 +263,16 @@ class Store:
             if not cur.set_range(f"{since:09d}".encode()):
                 return []
             return [json.loads(v) for _, v in cur]
+
+
+def best_of(run_dir: Path, family: str | None = None) -> tuple[str, str, str]:
+    """(family, id, source) of the best implementation a run directory holds (for benchmarks that time a run's
+    best); with `family`, the run must be of that family."""
+    with Store.open_reader(Path(run_dir)) as store:
+        state = store.state()
+        if family is not None and state.get("family") != family:
+            raise StoreError(f"{run_dir}: a run of family {state.get('family')!r}, not {family!r}")
+        if state.get("best") is None:
+            raise StoreError(f"{run_dir}: no best implementation yet (the root audit has not finished)")
+        impl = store.get(state["best"])
+        return state.get("family"), impl.id, store.source(impl.source_hash)

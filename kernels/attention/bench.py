@@ -509,16 +509,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def best_of(run_dir: Path) -> tuple[str, str]:
     """(id, source) of the best implementation a run directory holds; it must be an attention run."""
-    from tik_evo.store import Store
+    from tik_evo.store import StoreError
+    from tik_evo.store import best_of as store_best_of
 
-    with Store.open_reader(run_dir) as store:
-        state = store.state()
-        if state.get("family") != FAMILY.name:
-            raise SystemExit(f"{run_dir}: a run of family {state.get('family')!r}, not {FAMILY.name!r}")
-        if state.get("best") is None:
-            raise SystemExit(f"{run_dir}: no best implementation yet (the root audit has not finished)")
-        impl = store.get(state["best"])
-        return impl.id, store.source(impl.source_hash)
+    try:
+        _, impl_id, source = store_best_of(run_dir, FAMILY.name)
+    except StoreError as e:
+        raise SystemExit(str(e)) from None
+    return impl_id, source
 
 
 def grid_cells() -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:

@@ -1,0 +1,119 @@
+"""`tik-evo bench ops --best RUN_DIR / --kernel FAMILY=FILE`: a run's best and kernel files are checked and timed
+beside the family's root and its peers. The row-wise suite runs here as its dry run (the interpreter, tiny
+workloads); the matmul suite's bookkeeping is checked without a GPU."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.rmsnorm import FAMILY as RMSNORM
+from tik_evo.cli import main
+from tik_evo.knobs import read_knobs, write_knobs
+from tik_evo.records import Implementation
+from tik_evo.store import Store, StoreError, best_of
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run_with_best(run_dir: Path, family: str, source: str | None) -> None:
+    with Store.create(run_dir) as store, store.transaction() as t:
+        t.state["family"] = family
+        if source is not None:
+            t.put(Implementation("I0", t.put_source(source), [], "root", "best"))
+            t.state["best"] = "I0"
+
+
+def _variant(family: str, **knobs) -> str:
+    src = (ROOT / "kernels" / family / "root.py").read_text()
+    return write_knobs(src, {**read_knobs(src), **knobs})
+
+
+def test_best_of_names_the_family_and_refuses_a_run_without_a_best(tmp_path):
+    source = RMSNORM.root_source()
+    _run_with_best(tmp_path / "a", "rmsnorm", source)
+    _run_with_best(tmp_path / "new", "rmsnorm", None)
+    assert best_of(tmp_path / "a") == ("rmsnorm", "I0", source)
+    with pytest.raises(StoreError, match="family 'rmsnorm', not 'rope'"):
+        best_of(tmp_path / "a", "rope")
+    with pytest.raises(StoreError, match="no best implementation yet"):
+        best_of(tmp_path / "new")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU form")
+def test_a_runs_best_and_kernel_files_are_checked_and_timed_beside_the_root(tmp_path, capsys):
+    knob = next(k for k in RMSNORM.knobs if k.role == "full" and len(k.values) > 1)
+    value = next(v for v in knob.values if v != read_knobs(RMSNORM.root_source())[knob.name])
+    _run_with_best(tmp_path / "run", "rmsnorm", _variant("rmsnorm", **{knob.name: value}))
+    good = tmp_path / "silu_exp2.py"
+    good.write_text(_variant("silu_mul", SILU_FORM="exp2"))
+    broken = tmp_path / "silu_broken.py"  # raises on import: reported, and the rest of the run goes on
+    broken.write_text(_variant("silu_mul") + "\nraise RuntimeError('boom at import')\n")
+    out = tmp_path / "out"
+    rc = main(["bench", "ops", "--dry-run", "--best", str(tmp_path / "run"), "--kernel", f"silu_mul={good}",
+               "--kernel", f"silu_mul={broken}", "--out", str(out)])
+    assert rc == 0
+    result = json.loads((out / "rowwise.json").read_text())["families"]
+    assert set(result) == {"rmsnorm", "silu_mul"}  # only the families of the extras, without --families
+    rms = result["rmsnorm"]
+    assert rms["extras"]["best_I0"]["knobs"][knob.name] == value
+    assert rms["extras"]["best_I0"]["consistency"]["failed"] == []
+    assert rms["extras"]["best_I0"]["consistency"]["checks"] == rms["consistency"]["checks"] > 0
+    silu = result["silu_mul"]
+    assert silu["extras"]["file_silu_exp2"]["consistency"]["failed"] == []
+    assert "boom at import" in silu["extras"]["file_silu_broken"]["error"]
+    for fam, label in (("rmsnorm", "best_I0"), ("silu_mul", "file_silu_exp2")):
+        rows = result[fam]["workloads"]
+        assert {r["phase"] for r in rows} == {"full", "decode"}
+        for r in rows:
+            assert r["root_us"] > 0 and r[f"{label}_us"] > 0 and r[f"{label}_verify_passed"] is True
+            assert "torch_us" in r  # the peers are timed on the same cells
+    assert all("file_silu_broken_us" not in r for r in silu["workloads"])
+    table = capsys.readouterr().out
+    assert "best_I0" in table and "x root" in table and "file_silu_broken: ERROR" in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--kernel", "nope=x.py"], "--kernel nope=x.py: family 'nope' has no ops benchmark"),
+    (["--kernel", "silu_mul"], "--kernel silu_mul: expected FAMILY=FILE"),
+    (["--kernel", "silu_mul={missing}"], "No such file or directory"),
+    (["--kernel", "rope={silu}"], "its KNOBS: family 'rope' has no knob 'SILU_FORM'"),
+    (["--best", "{missing}"], "no IR store here"),
+    (["--best", "{attention_run}"], "family 'attention' has no ops benchmark"),
+    (["--families", "foo"], "--families: foo not benchmarked here"),
+    (["--families", "rope", "--kernel", "silu_mul={silu}"], "--families leaves out silu_mul"),
+])
+def test_bad_arguments_are_refused_naming_them(tmp_path, capsys, args, message):
+    silu = tmp_path / "silu.py"
+    silu.write_text(_variant("silu_mul"))
+    _run_with_best(tmp_path / "att", "attention", (ROOT / "kernels" / "attention" / "root.py").read_text())
+    paths = {"missing": tmp_path / "missing", "silu": silu, "attention_run": tmp_path / "att"}
+    args = [a.format(**paths) for a in args]
+    assert main(["bench", "ops", "--dry-run", *args, "--out", str(tmp_path / "out")]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_matmul_suite_loads_kernel_files_and_reports_them_against_the_root(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import ops_matmul_gpu as m
+
+    path = tmp_path / "routing.py"
+    path.write_text(_variant("moe_routing", FULL_BLOCK_T=32))
+    f = m.KernelFile("best_I3", str(path))
+    monkeypatch.setattr(m, "EXTRAS", {"moe_routing": [f], "linear": [m.KernelFile("file_lin", "lin.py")]})
+    monkeypatch.setattr(m, "RESULTS", {**m.RESULTS, "moe_routing": [], "linear": [], "extras": {}})
+    assert m.load("moe_routing", f).KNOBS["FULL_BLOCK_T"] == 32 and m.tag(f) == "best_I3"
+    assert m.with_root("moe_routing") == [{}, f] and m.with_root("logprob") == []
+    for impl, wl, us in (("root", "a", 10.0), ("best_I3", "a", 8.0), ("root", "b", 4.0), ("best_I3", "b", 5.0),
+                         ("best_I3", "only_here", 1.0)):
+        m.RESULTS["moe_routing"].append({"workload": wl, "impl": impl, "time_us": us})
+    for impl, us in (("full:root", 100.0), ("full:file_lin", 90.0), ("full:K_CHUNK=0", 1.0)):
+        m.RESULTS["linear"].append({"workload": "qkv.M4096", "impl": impl, "time_us": us})
+    m.summarize_extras()
+    e = m.RESULTS["extras"]["moe_routing"]["best_I3"]
+    assert e["vs_root"] == {"a": 0.8, "b": 1.25} and e["gmean_vs_root"] == pytest.approx(1.0)
+    assert m.RESULTS["extras"]["linear"]["file_lin"]["vs_root"] == {"qkv.M4096": 0.9}
