@@ -141,8 +141,8 @@ while [ $# -gt 0 ]; do
     rowwise) f=$1; shift  # row-wise families' checks and peers; OPS_KNOBS='{"family": {knob: value}}' changes the root
       timeout 300 python3 benchmarks/ops_rowwise_gpu.py --families "$f" ${OPS_KNOBS:+--knobs "$OPS_KNOBS"} \
         --out "$OUT" 2>&1 | tail -40 ;;
-    ops) f=$1; shift
-      timeout 300 python3 benchmarks/ops_gpu.py --families "$f" --out "$OUT" 2>&1 | tail -40 ;;
+    ops) f=$1; shift  # OPS_ARGS passes more flags, e.g. "--kernel moe_routing=/tmp/routing.py --best RUN_DIR"
+      timeout 300 python3 benchmarks/ops_gpu.py --families "$f" ${OPS_ARGS:-} --out "$OUT" 2>&1 | tail -40 ;;
     audit_profile) f=$1; k=$2; shift 2  # an audit's check stages per case: cold/warm Triton cache, split over processes
       timeout ${AUDIT_PROFILE_S:-300} python3 benchmarks/audit_profile_gpu.py --family "$f" --knobs "$k" \
         --procs ${AUDIT_PROCS:-1,4} --out "$OUT/audit_profile_$f.json" 2>&1 | tail -12 ;;
