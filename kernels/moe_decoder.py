@@ -11,6 +11,10 @@ MLP (gate and up linear → SiLU-and-mul → down linear) or MoE (router linear 
 renormalisation → one MLP per expert over the tokens routed to it → slot-order weighted sum); after the last
 layer a fused add + final RMSNorm → lm_head linear → log-prob. Glue is torch indexing and copies (exact) and the
 MoE combine: fp32 multiply then add per slot in slot order, element-wise, so the same for any batch.
+
+The policy update: `policy_logprobs` is `training_logprobs` with every family call made differentiable
+(`kernels.autograd`): the same kernels on the same arguments, so the same bits, and `backward()` gives the
+gradients of `parameters()`.
 """
 
 from __future__ import annotations
@@ -85,6 +89,12 @@ class MoEDecoder:
         self.w_lm = w(s.vocab, s.hidden, scale=4.0)
         self.cos, self.sin = rope_table(s.max_pos, s.head_dim, s.theta, None, device)
         self.expert_rows = 0  # tokens routed, summed over layers and calls (a check that the MoE path ran)
+        self.ops = None  # while policy_logprobs runs: the differentiable family calls (kernels.autograd)
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The weights, each one tensor the forward reads (the experts' as [experts, out, in] per projection)."""
+        return [self.embed, *self.norm_in, *self.norm_post, self.norm_f, *self.q_norm, *self.k_norm, *self.w_qkv,
+                *self.w_o, *self.w_router, *self.w_gate_stacked, *self.w_up_stacked, *self.w_down_stacked, self.w_lm]
 
     # -- kernels, either path ------------------------------------------------------------------------------------
     def _op(self, family: str, path: str, *args):
@@ -94,11 +104,15 @@ class MoEDecoder:
         return torch.empty(dims, device=self.device, dtype=dtype)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, path: str) -> torch.Tensor:
+        if self.ops:
+            return self.ops.linear(x, weight)
         out = self._empty(x.shape[0], weight.shape[0])
         self._op("linear", path, x, weight, None, out)
         return out
 
     def _add_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, path: str):
+        if self.ops:
+            return self.ops.add_rmsnorm(x, residual, weight, EPS)
         out, res = torch.empty_like(x), torch.empty_like(x)
         self._op("add_rmsnorm", path, x, residual, weight, EPS, out, res)
         return out, res
@@ -110,25 +124,39 @@ class MoEDecoder:
         q = qkv[:, :nq].reshape(-1, s.q_heads, s.head_dim).contiguous()
         k = qkv[:, nq:nq + nkv].reshape(-1, s.kv_heads, s.head_dim).contiguous()
         v = qkv[:, nq + nkv:].reshape(-1, s.kv_heads, s.head_dim).contiguous()
+        if self.ops:
+            qn, kn = self.ops.qk_rmsnorm(q, k, self.q_norm[layer], self.k_norm[layer], EPS)
+            return (*self.ops.rope(qn, kn, self.cos, self.sin, positions), v)
         qn, kn = torch.empty_like(q), torch.empty_like(k)
         self._op("qk_rmsnorm", path, q, k, self.q_norm[layer], self.k_norm[layer], EPS, qn, kn)
         qr, kr = torch.empty_like(q), torch.empty_like(k)
         self._op("rope", path, qn, kn, self.cos, self.sin, positions, qr, kr)
         return qr, kr, v
 
-    def _ffn(self, layer: int, expert: int, x: torch.Tensor, path: str) -> torch.Tensor:
-        gate = self._linear(x, self.w_gate[layer][expert], path)
-        up = self._linear(x, self.w_up[layer][expert], path)
+    def _silu_mul(self, gate: torch.Tensor, up: torch.Tensor, path: str) -> torch.Tensor:
+        if self.ops:
+            return self.ops.silu_mul(gate, up)
         act = torch.empty_like(gate)
         self._op("silu_mul", path, gate, up, act)
-        return self._linear(act, self.w_down[layer][expert], path)
+        return act
+
+    def _ffn(self, layer: int, expert: int, x: torch.Tensor, path: str) -> torch.Tensor:
+        # The expert's weights as views of the stacked tensors (the same memory as w_gate[layer][expert]), so the
+        # policy gradient reaches the tensors parameters() gives.
+        gate = self._linear(x, self.w_gate_stacked[layer][expert], path)
+        up = self._linear(x, self.w_up_stacked[layer][expert], path)
+        return self._linear(self._silu_mul(gate, up, path), self.w_down_stacked[layer][expert], path)
 
     def _mlp(self, layer: int, x: torch.Tensor, path: str) -> torch.Tensor:
         s = self.s
         if not s.experts:
             return self._ffn(layer, 0, x, path)
-        weights, ids = self._empty(x.shape[0], s.top_k), self._empty(x.shape[0], s.top_k, dtype=torch.int32)
-        self._op("moe_routing", path, self._linear(x, self.w_router[layer], path), weights, ids)
+        logits = self._linear(x, self.w_router[layer], path)
+        if self.ops:
+            weights, ids = self.ops.moe_routing(logits, s.top_k)
+        else:
+            weights, ids = self._empty(x.shape[0], s.top_k), self._empty(x.shape[0], s.top_k, dtype=torch.int32)
+            self._op("moe_routing", path, logits, weights, ids)
         per_slot = self._empty(x.shape[0], s.top_k, s.hidden)
         if self.grouped:
             per_slot.view(-1, s.hidden)[:] = self._grouped_ffn(layer, x, ids, path)
@@ -150,13 +178,16 @@ class MoEDecoder:
         starts = torch.zeros(s.experts + 1, dtype=torch.int32, device=self.device)
         torch.cumsum(torch.bincount(flat, minlength=s.experts), 0, out=starts[1:])
         xs = x[order // s.top_k].contiguous()
-        gate, up = self._empty(xs.shape[0], s.intermediate), self._empty(xs.shape[0], s.intermediate)
-        self._op("linear", "grouped_" + path, xs, self.w_gate_stacked[layer], starts, gate)
-        self._op("linear", "grouped_" + path, xs, self.w_up_stacked[layer], starts, up)
-        act = torch.empty_like(gate)
-        self._op("silu_mul", path, gate, up, act)
-        down = self._empty(xs.shape[0], s.hidden)
-        self._op("linear", "grouped_" + path, act, self.w_down_stacked[layer], starts, down)
+
+        def grouped(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+            if self.ops:
+                return self.ops.linear_grouped(rows, weights, starts)
+            out = self._empty(rows.shape[0], weights.shape[1])
+            self._op("linear", "grouped_" + path, rows, weights, starts, out)
+            return out
+
+        gate, up = grouped(xs, self.w_gate_stacked[layer]), grouped(xs, self.w_up_stacked[layer])
+        down = grouped(self._silu_mul(gate, up, path), self.w_down_stacked[layer])
         self.expert_rows += xs.shape[0]
         out = torch.empty_like(down)
         out[order] = down
@@ -167,10 +198,14 @@ class MoEDecoder:
         """Logits of the rows `ids` at `positions` (only of the rows `keep`, when given: the lm_head is
         row-independent, so the same bits); attend(layer, q, k, v) -> [rows, q_heads * head_dim]."""
         s = self.s
-        h = self._empty(ids.shape[0], s.hidden)
-        self._op("embedding", path, ids, self.embed, h)
-        x = torch.empty_like(h)
-        self._op("rmsnorm", path, h, self.norm_in[0], EPS, x)
+        if self.ops:
+            h = self.ops.embedding(ids, self.embed)
+            x = self.ops.rmsnorm(h, self.norm_in[0], EPS)
+        else:
+            h = self._empty(ids.shape[0], s.hidden)
+            self._op("embedding", path, ids, self.embed, h)
+            x = torch.empty_like(h)
+            self._op("rmsnorm", path, h, self.norm_in[0], EPS, x)
         residual = h
         for layer in range(s.layers):
             q, k, v = self._qkv(layer, x, positions, path)
@@ -181,6 +216,8 @@ class MoEDecoder:
         return self._linear(x if keep is None else x[keep].contiguous(), self.w_lm, path)
 
     def _logprob(self, logits: torch.Tensor, targets: torch.Tensor, path: str) -> torch.Tensor:
+        if self.ops:
+            return self.ops.logprob(logits.contiguous(), targets.contiguous(), self.temperature)[0]
         lp = self._empty(logits.shape[0], dtype=torch.float32)
         self._op("logprob", path, logits.contiguous(), targets.contiguous(), self.temperature, lp, torch.empty_like(lp))
         return lp
@@ -189,9 +226,12 @@ class MoEDecoder:
         """Causal attention of each packed sequence over its own rows (one prefill launch per sequence)."""
         out = self._empty(q.shape[0], q.shape[1] * q.shape[2])
         for lo, hi in zip(bounds[:-1], bounds[1:]):
-            o = torch.empty_like(_heads_first(q[lo:hi]))
-            self.k["attention"].prefill(_heads_first(q[lo:hi]), _heads_first(k[lo:hi]), _heads_first(v[lo:hi]),
-                                        1 / math.sqrt(self.s.head_dim), o)
+            qh, kh, vh = _heads_first(q[lo:hi]), _heads_first(k[lo:hi]), _heads_first(v[lo:hi])
+            if self.ops:
+                o = self.ops.attention(qh, kh, vh, 1 / math.sqrt(self.s.head_dim))
+            else:
+                o = torch.empty_like(qh)
+                self.k["attention"].prefill(qh, kh, vh, 1 / math.sqrt(self.s.head_dim), o)
             out[lo:hi] = o[0].transpose(0, 1).reshape(hi - lo, -1)
         return out
 
@@ -216,6 +256,18 @@ class MoEDecoder:
         rows = torch.cat([torch.arange(lo + p - 1, hi - 1) for lo, hi, p in zip(bounds, bounds[1:], prompt_lens)])
         lp = self._logprob(logits[rows.to(self.device)], torch.cat([t[p:] for t, p in zip(seqs, prompt_lens)]), "full")
         return list(lp.split([n - p for n, p in zip(lens, prompt_lens)]))
+
+    def policy_logprobs(self, seqs: list[torch.Tensor], prompt_lens: list[int], ops=None) -> list[torch.Tensor]:
+        """training_logprobs, differentiable in the parameters (set requires_grad on `parameters()`): every family
+        call goes through `ops` (default `kernels.autograd.KernelOps` on this model's kernel files: the same
+        calls, so the same bits; `TorchOps` for a torch reference), and `backward()` gives the policy gradient."""
+        from kernels.autograd import KernelOps
+
+        self.ops = ops or KernelOps(self.k)
+        try:
+            return self.training_logprobs(seqs, prompt_lens)
+        finally:
+            self.ops = None
 
     def rollout_logprobs(self, seqs: list[torch.Tensor], prompt_lens: list[int]) -> list[torch.Tensor]:
         """Prefill the packed prompts, then decode every unfinished sequence together, one token per step, from a

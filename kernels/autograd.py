@@ -1,0 +1,262 @@
+"""Every family's kernel file as a differentiable call, for the policy update.
+
+The forward of each call is the file's full-sequence entry point with the arguments the model's training
+forward gives it, so its values are the kernel's bits, the ones the rollout's decode agrees with. The backward
+uses the file's own backward entry point where it has one (linear, grouped linear, add + RMSNorm, RoPE,
+SiLU-and-mul, log-prob) and fp32 torch arithmetic elsewhere (RMSNorm, QK RMSNorm, routing, embedding;
+attention recomputes with SDPA: `kernels/attention/autograd.py`). Backward need not be bit-exact.
+
+    ops = KernelOps(impls)                       # impls: {family: kernel module}, e.g. kernels.decoder.roots()
+    y = ops.linear(x, w)                         # bf16 [tokens, out], differentiable in x and w
+
+`TorchOps` has the same calls written in torch (fp32 arithmetic, bf16 in and out, the same expert choice
+rule): a reference for the gradients, and a way to run the same model without the kernels.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention.autograd import attention as _attention
+
+
+class _Call(torch.autograd.Function):
+    """One kernel call: `forward(*inputs)` returns its outputs; `backward(inputs, outputs, *grads)` returns a
+    gradient (or None) per input. Integer outputs (expert ids) are not differentiable."""
+
+    @staticmethod
+    def forward(ctx, forward, backward, *inputs):
+        outs = forward(*inputs)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        ctx.backward, ctx.n_inputs = backward, len(inputs)
+        ctx.save_for_backward(*inputs, *outs)
+        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
+        return outs if len(outs) > 1 else outs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        saved = ctx.saved_tensors
+        return (None, None, *ctx.backward(saved[:ctx.n_inputs], saved[ctx.n_inputs:], *grads))
+
+
+def _apply(forward, backward, *inputs):
+    return _Call.apply(forward, backward, *inputs)
+
+
+def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, eps: float):
+    """(grad_x, grad_weight) of y = x * rsqrt(mean(x^2) + eps) * weight over the last dimension, in fp32."""
+    xf, gy, wf = x.float(), grad_out.float(), weight.float()
+    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    xhat = xf * rstd
+    gxhat = gy * wf
+    gx = rstd * (gxhat - xhat * (gxhat * xhat).mean(-1, keepdim=True))
+    return gx.to(x.dtype), (gy * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+
+
+def routing_backward(logits: torch.Tensor, ids: torch.Tensor, grad_weights: torch.Tensor) -> torch.Tensor:
+    """Gradient w.r.t. the router logits of the renormalised top-k weights, which are the softmax over the chosen
+    experts' logits (the discrete choice itself has no gradient)."""
+    sel = logits.float().gather(1, ids.long())
+    p = torch.softmax(sel, -1)
+    g = grad_weights.float()
+    gsel = p * (g - (g * p).sum(-1, keepdim=True))
+    return torch.zeros(logits.shape, dtype=torch.float32, device=logits.device).scatter_(
+        1, ids.long(), gsel).to(logits.dtype)
+
+
+class KernelOps:
+    """The differentiable calls on kernel files (`impls`: {family: module with its entry points})."""
+
+    def __init__(self, impls: dict[str, ModuleType]):
+        self.k = impls
+
+    def linear(self, x, w):
+        lin = self.k["linear"]
+
+        def fwd(x, w):
+            y = x.new_empty((x.shape[0], w.shape[0]))
+            lin.linear_full(x, w, None, y)
+            return y
+
+        def bwd(inputs, _, gy):
+            x, w = inputs
+            gx, gw = torch.empty_like(x), torch.empty_like(w)
+            lin.linear_backward(x, w, gy.contiguous(), gx, gw, None)
+            return gx, gw
+        return _apply(fwd, bwd, x, w)
+
+    def linear_grouped(self, x, weights, starts):
+        lin = self.k["linear"]
+
+        def fwd(x, weights, starts):
+            y = x.new_empty((x.shape[0], weights.shape[1]))
+            lin.linear_grouped_full(x, weights, starts, y)
+            return y
+
+        def bwd(inputs, _, gy):
+            x, weights, starts = inputs
+            gx, gw = torch.empty_like(x), torch.empty_like(weights)
+            lin.linear_grouped_backward(x, weights, starts, gy.contiguous(), gx, gw)
+            return gx, gw, None
+        return _apply(fwd, bwd, x, weights, starts)
+
+    def embedding(self, ids, table):
+        def fwd(ids, table):
+            h = table.new_empty((ids.shape[0], table.shape[1]))
+            self.k["embedding"].embedding_full(ids, table, h)
+            return h
+
+        def bwd(inputs, _, gh):
+            ids, table = inputs
+            gt = torch.zeros(table.shape, dtype=torch.float32, device=table.device)
+            return None, gt.index_add_(0, ids.long(), gh.float()).to(table.dtype)
+        return _apply(fwd, bwd, ids, table)
+
+    def rmsnorm(self, x, w, eps):
+        def fwd(x, w):
+            y = torch.empty_like(x)
+            self.k["rmsnorm"].rmsnorm_full(x, w, eps, y)
+            return y
+        return _apply(fwd, lambda inputs, _, gy: rms_backward(*inputs, gy, eps), x, w)
+
+    def add_rmsnorm(self, x, residual, w, eps):
+        """(normalised, x + residual): both differentiable."""
+        k = self.k["add_rmsnorm"]
+
+        def fwd(x, residual, w):
+            y, h = torch.empty_like(x), torch.empty_like(x)
+            k.add_rmsnorm_full(x, residual, w, eps, y, h)
+            return y, h
+
+        def bwd(inputs, outputs, gy, gh):
+            gsum, gw = k.add_rmsnorm_backward(gy.contiguous(), gh.contiguous(), outputs[1], inputs[2], eps)
+            return gsum, gsum, gw
+        return _apply(fwd, bwd, x, residual, w)
+
+    def qk_rmsnorm(self, q, k, q_weight, k_weight, eps):
+        def fwd(q, k, qw, kw):
+            qn, kn = torch.empty_like(q), torch.empty_like(k)
+            self.k["qk_rmsnorm"].qk_rmsnorm_full(q, k, qw, kw, eps, qn, kn)
+            return qn, kn
+
+        def bwd(inputs, _, gq, gk):
+            q, k, qw, kw = inputs
+            (dq, dqw), (dk, dkw) = rms_backward(q, qw, gq, eps), rms_backward(k, kw, gk, eps)
+            return dq, dk, dqw, dkw
+        return _apply(fwd, bwd, q, k, q_weight, k_weight)
+
+    def rope(self, q, k, cos, sin, positions):
+        rope = self.k["rope"]
+
+        def fwd(q, k, cos, sin, positions):
+            qr, kr = torch.empty_like(q), torch.empty_like(k)
+            rope.rope_full(q, k, cos, sin, positions, qr, kr)
+            return qr, kr
+
+        def bwd(inputs, _, gq, gk):
+            q, k, cos, sin, positions = inputs
+            dq, dk = torch.empty_like(q), torch.empty_like(k)
+            rope.rope_backward(gq.contiguous(), gk.contiguous(), cos, sin, positions, dq, dk)
+            return dq, dk, None, None, None
+        return _apply(fwd, bwd, q, k, cos, sin, positions)
+
+    def silu_mul(self, gate, up):
+        k = self.k["silu_mul"]
+
+        def fwd(gate, up):
+            act = torch.empty_like(gate)
+            k.silu_mul_full(gate, up, act)
+            return act
+        return _apply(fwd, lambda inputs, _, g: k.silu_mul_backward(*inputs, g.contiguous()), gate, up)
+
+    def moe_routing(self, logits, top_k):
+        """(weights bf16 [tokens, top_k], expert ids int32): the weights are differentiable in the logits."""
+        def fwd(logits):
+            w = logits.new_empty((logits.shape[0], top_k))
+            ids = torch.empty((logits.shape[0], top_k), dtype=torch.int32, device=logits.device)
+            self.k["moe_routing"].moe_routing_full(logits, w, ids)
+            return w, ids
+
+        def bwd(inputs, outputs, gw, _):
+            return (routing_backward(inputs[0], outputs[1], gw),)
+        return _apply(fwd, bwd, logits)
+
+    def logprob(self, logits, targets, temperature):
+        """(log-prob of each target, entropy), fp32, differentiable in the logits."""
+        k = self.k["logprob"]
+
+        def fwd(logits, targets):
+            lp = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+            ent = torch.empty_like(lp)
+            k.logprob_full(logits, targets, temperature, lp, ent)
+            return lp, ent
+
+        def bwd(inputs, _, glp, gent):
+            logits, targets = inputs
+            gx = torch.empty_like(logits)
+            k.logprob_backward(logits, targets, temperature, glp.contiguous(), gent.contiguous(), gx)
+            return gx, None
+        return _apply(fwd, bwd, logits, targets)
+
+    def attention(self, q, k, v, sm_scale):
+        """Causal attention of one sequence, q [1, HQ, S, D], k/v [1, HKV, S, D]."""
+        return _attention(q, k, v, self.k["attention"], sm_scale)
+
+
+def _rms(x, w, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
+class TorchOps:
+    """The same calls in torch under autograd: fp32 arithmetic, bf16 in and out, experts chosen by the kernels'
+    rule (largest logit, ties to the lower index)."""
+
+    def linear(self, x, w):
+        return (x.float() @ w.float().t()).to(x.dtype)
+
+    def linear_grouped(self, x, weights, starts):
+        b = starts.tolist()
+        return torch.cat([self.linear(x[lo:hi], weights[e]) for e, (lo, hi) in enumerate(zip(b, b[1:]))])
+
+    def embedding(self, ids, table):
+        return table[ids.long()]
+
+    def rmsnorm(self, x, w, eps):
+        return _rms(x, w, eps)
+
+    def add_rmsnorm(self, x, residual, w, eps):
+        h = (x.float() + residual.float()).to(x.dtype)
+        return _rms(h, w, eps), h
+
+    def qk_rmsnorm(self, q, k, q_weight, k_weight, eps):
+        return _rms(q, q_weight, eps), _rms(k, k_weight, eps)
+
+    def rope(self, q, k, cos, sin, positions):
+        c, s = cos[positions.long()][:, None, :], sin[positions.long()][:, None, :]  # [tokens, 1, dim / 2]
+
+        def rot(t):
+            a, b = t.float().chunk(2, -1)
+            return torch.cat([a * c - b * s, b * c + a * s], -1).to(t.dtype)
+        return rot(q), rot(k)
+
+    def silu_mul(self, gate, up):
+        return (F.silu(gate.float()) * up.float()).to(gate.dtype)
+
+    def moe_routing(self, logits, top_k):
+        ids = torch.sort(logits.float(), dim=-1, descending=True, stable=True).indices[:, :top_k]
+        w = torch.softmax(logits.float().gather(1, ids), -1)
+        return w.to(logits.dtype), ids.to(torch.int32)
+
+    def logprob(self, logits, targets, temperature):
+        logp = torch.log_softmax(logits.float() / temperature, -1)
+        return logp.gather(1, targets.long()[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+
+    def attention(self, q, k, v, sm_scale):
+        o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, scale=sm_scale,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        return o.to(q.dtype)
+
