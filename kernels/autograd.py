@@ -10,7 +10,8 @@ attention recomputes with SDPA: `kernels/attention/autograd.py`). Backward need 
     y = ops.linear(x, w)                         # bf16 [tokens, out], differentiable in x and w
 
 `TorchOps` has the same calls written in torch (fp32 arithmetic, bf16 in and out, the same expert choice
-rule): a reference for the gradients, and a way to run the same model without the kernels.
+rule): a reference for the gradients. `TorchOps(native=True)` is the same model as a trainer runs it without
+tik-evo (bf16 matmuls and attention through cuBLAS and SDPA; norms and softmax in fp32): a speed baseline.
 """
 
 from __future__ import annotations
@@ -213,12 +214,21 @@ def _rms(x, w, eps):
 
 class TorchOps:
     """The same calls in torch under autograd: fp32 arithmetic, bf16 in and out, experts chosen by the kernels'
-    rule (largest logit, ties to the lower index)."""
+    rule (largest logit, ties to the lower index). `native`: matmuls and attention in the inputs' dtype, and an
+    MoE layer's experts in one `torch._grouped_mm` where the GPU and torch have it."""
+
+    def __init__(self, native: bool = False):
+        self.native = native
 
     def linear(self, x, w):
+        if self.native:
+            return F.linear(x, w)
         return (x.float() @ w.float().t()).to(x.dtype)
 
     def linear_grouped(self, x, weights, starts):
+        if self.native and x.is_cuda and getattr(torch, "_grouped_mm", None) is not None \
+                and torch.cuda.get_device_capability(x.device)[0] >= 9:
+            return torch._grouped_mm(x, weights.transpose(1, 2), offs=starts[1:].to(torch.int32))
         b = starts.tolist()
         return torch.cat([self.linear(x[lo:hi], weights[e]) for e, (lo, hi) in enumerate(zip(b, b[1:]))])
 
@@ -256,7 +266,8 @@ class TorchOps:
         return logp.gather(1, targets.long()[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
 
     def attention(self, q, k, v, sm_scale):
-        o = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, scale=sm_scale,
+        dt = q.dtype if self.native else torch.float32
+        o = F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), is_causal=True, scale=sm_scale,
                                            enable_gqa=q.shape[1] != k.shape[1])
         return o.to(q.dtype)
 

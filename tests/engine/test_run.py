@@ -176,6 +176,8 @@ def test_bench_runs_the_model_suites_and_says_when_there_is_no_gpu(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().out
     assert main(["bench", "model-graphs"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().out
+    assert main(["bench", "policy"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().out
     assert main(["bench", "silu_mul"]) == 2
     assert "tik-evo bench ops --families silu_mul" in " ".join(capsys.readouterr().err.split())
 

@@ -1,0 +1,189 @@
+"""The policy update on the unified kernels (kernels/moe_decoder.py `policy_logprobs`, kernels/autograd.py), for the
+dense and MoE models at Qwen3 widths:
+
+1. bits: the differentiable forward's log-probs against the training forward's and the batched rollout's
+   (prompts and answers as benchmarks/model_consistency_gpu.py), elements whose bits differ;
+2. gradients of sum(log-prob x advantage) for every parameter against autograd of the same model in torch with
+   fp32 arithmetic (`TorchOps()`), relative L2, and the tokens whose experts the two forwards chose differently
+   (a discrete choice: such tokens' expert gradients differ by design, not by error);
+3. one policy step (forward + backward; 4 sequences of 2048 tokens, the last 1024 of each scored, as
+   benchmarks/model_speed_gpu.py) against the same model as a trainer runs it without tik-evo
+   (`TorchOps(native=True)`: cuBLAS, SDPA, torch._grouped_mm for the experts, fp32 norms and softmax): GPU time
+   (CUDA events, the two interleaved, median of --reps after two warm-up rounds) and peak memory.
+
+    PYTHONPATH=$PWD python3 benchmarks/policy_gpu.py --out policy.json
+    python3 benchmarks/policy_gpu.py --smoke --out x.json    # tiny shapes on the CPU (the interpreter): the code
+
+Imports only torch/triton and the kernels, so it runs on the bare GPU image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+if "--smoke" in sys.argv:  # before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels.autograd import KernelOps, TorchOps  # noqa: E402
+from kernels.moe_decoder import MoEDecoder, MoEShape  # noqa: E402
+
+MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # benchmarks/model_consistency_gpu.py's
+SHAPES = {
+    "qwen3-4b.dense": MoEShape(vocab=151936, hidden=2560, layers=4, q_heads=32, kv_heads=8, head_dim=128, experts=0,
+                               intermediate=9728, max_pos=2048),
+    "qwen3-30b-a3b.moe": MoEShape(vocab=151936, hidden=2048, layers=4, q_heads=32, kv_heads=4, head_dim=128,
+                                  experts=128, top_k=8, intermediate=768, max_pos=2048),
+}
+STEP_LENS, STEP_PROMPTS = [2048] * 4, [1024] * 4
+SMOKE = {"dense": MoEShape(experts=0, intermediate=96), "moe": MoEShape()}
+SMOKE_LENS, SMOKE_PROMPTS = [9, 12, 7], [5, 8, 4]
+
+
+class Recording:
+    """Ops that keep each layer's expert ids, to count tokens routed differently by two forwards."""
+
+    def __init__(self, ops):
+        self.ops, self.ids = ops, []
+
+    def __getattr__(self, name):
+        return getattr(self.ops, name)
+
+    def moe_routing(self, logits, top_k):
+        w, ids = self.ops.moe_routing(logits, top_k)
+        self.ids.append(ids.detach().clone())
+        return w, ids
+
+
+def sequences(vocab: int, lens: list[int], device: str, seed: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).to(device, torch.int32) for n in lens]
+
+
+def backward(m: MoEDecoder, seqs, prompts, adv, ops) -> list[torch.Tensor]:
+    """log-probs of a policy-gradient loss's forward, after its backward (gradients in the parameters' .grad)."""
+    for p in m.parameters():
+        p.grad = None
+    lp = m.policy_logprobs(seqs, prompts, ops=ops)
+    (torch.cat(lp) * adv).sum().backward()
+    return lp
+
+
+def bits(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
+    x, y = torch.cat(a).detach().contiguous(), torch.cat(b).detach().contiguous()
+    return int((x.view(torch.int32) != y.view(torch.int32)).sum())
+
+
+def checks(m: MoEDecoder, seqs, prompts, device: str) -> dict:
+    """Bits against training and rollout; each parameter's gradient against the fp32 torch model's."""
+    train = m.training_logprobs(seqs, prompts)
+    rollout = m.rollout_logprobs(seqs, prompts)
+    adv = torch.randn(sum(t.numel() for t in train), generator=torch.Generator().manual_seed(5)).to(device)
+    ours, ref = Recording(KernelOps(m.k)), Recording(TorchOps())
+    lp = backward(m, seqs, prompts, adv, ours)
+    g_ours = [p.grad.clone() for p in m.parameters()]
+    backward(m, seqs, prompts, adv, ref)
+    rel = [float((a.double() - p.grad.double()).norm() / p.grad.double().norm()) for a, p in zip(g_ours, m.parameters())]
+    rerouted = sum(int((a.sort(-1).values != b.sort(-1).values).any(-1).sum()) for a, b in zip(ours.ids, ref.ids))
+    return {"answer_tokens": int(torch.cat(train).numel()), "policy_vs_training_mismatches": bits(lp, train),
+            "policy_vs_rollout_mismatches": bits(lp, rollout), "training_vs_rollout_mismatches": bits(train, rollout),
+            "grad_rel_l2_vs_fp32_torch": {"max": max(rel), "median": statistics.median(rel), "per_param": rel},
+            "tokens_routed_differently_vs_fp32_torch": rerouted,
+            "token_layer_pairs_routed": sum(int(i.shape[0]) for i in ours.ids)}
+
+
+def step_times(m: MoEDecoder, seqs, prompts, reps: int, device: str) -> dict:
+    """Forward + backward of the policy loss, ours against the torch trainer's model, interleaved."""
+    adv = torch.randn(sum(n - p for n, p in zip(map(len, seqs), prompts)),
+                      generator=torch.Generator().manual_seed(6)).to(device)
+    runs = {"unified": KernelOps(m.k), "torch": TorchOps(native=True)}
+    times: dict = {k: [] for k in runs}
+    peak: dict = {}
+    for r in range(reps + 2):  # two warm-up rounds
+        for label, ops in runs.items():
+            if device == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            backward(m, seqs, prompts, adv, ops)
+            if device == "cuda":
+                end.record()
+                torch.cuda.synchronize()
+                peak[label] = (torch.cuda.max_memory_allocated() - base) / 1e9
+                if r >= 2:
+                    times[label].append(start.elapsed_time(end))
+    out = {label: {"ms": statistics.median(t) if t else None, "ms_all": t, "peak_extra_GB": peak.get(label)}
+           for label, t in times.items()}
+    if out["unified"]["ms"] and out["torch"]["ms"]:
+        out["unified_over_torch"] = out["unified"]["ms"] / out["torch"]["ms"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out", default="policy.json")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--configs", default="", help=f"comma-separated (default all): {', '.join(SHAPES)}; with "
+                    f"--smoke: {', '.join(SMOKE)}")
+    ap.add_argument("--no-step", action="store_true", help="bits and gradients only (no policy-step timing)")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under the interpreter")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        from tik_evo import interp
+
+        interp.install()
+        device, shapes = "cpu", SMOKE
+    elif not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU (--smoke runs its code on the CPU; tests/model/ has the checks)")
+        return 2
+    else:
+        device, shapes = "cuda", SHAPES
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter smoke run)",
+              "torch": torch.__version__, "triton": triton.__version__, "configs": {}}
+    for name in [c for c in args.configs.split(",") if c] or list(shapes):
+        if name not in shapes:
+            raise SystemExit(f"--configs: unknown config {name!r} (known: {', '.join(shapes)})")
+        shape = shapes[name]
+        lens = SMOKE_LENS if args.smoke else [p + a for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
+        prompts = SMOKE_PROMPTS if args.smoke else list(MOE_PROMPTS)
+        m = MoEDecoder(shape, 0, device)
+        for p in m.parameters():
+            p.requires_grad_(True)
+        row = {"shape": shape.__dict__, "checks": checks(m, sequences(shape.vocab, lens, device, 100), prompts, device)}
+        c = row["checks"]
+        print(f"{name}: {c['answer_tokens']} log-probs, policy vs training {c['policy_vs_training_mismatches']}, vs "
+              f"rollout {c['policy_vs_rollout_mismatches']} differ; gradients vs fp32 torch: max rel "
+              f"{c['grad_rel_l2_vs_fp32_torch']['max']:.3g}, median {c['grad_rel_l2_vs_fp32_torch']['median']:.3g}; "
+              f"{c['tokens_routed_differently_vs_fp32_torch']} of {c['token_layer_pairs_routed']} token-layers routed "
+              "differently", flush=True)
+        if not args.no_step:
+            step_lens, step_prompts = (SMOKE_LENS, SMOKE_PROMPTS) if args.smoke else (STEP_LENS, STEP_PROMPTS)
+            row["step"] = step_times(m, sequences(shape.vocab, step_lens, device, 7), step_prompts,
+                                     1 if args.smoke else args.reps, device)
+            st = row["step"]
+            if "unified_over_torch" in st:
+                print(f"{name}: policy step {st['unified']['ms']:.1f} ms ({st['unified']['peak_extra_GB']:.1f} GB) "
+                      f"against {st['torch']['ms']:.1f} ms ({st['torch']['peak_extra_GB']:.1f} GB) for torch: "
+                      f"{st['unified_over_torch']:.3f}x", flush=True)
+        result["configs"][name] = row
+        del m
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
