@@ -252,9 +252,11 @@ class MoEDecoder:
         lens = self._check(seqs, prompt_lens)
         bounds = [0] + torch.tensor(lens).cumsum(0).tolist()
         positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(self.device)
-        logits = self._forward(torch.cat(seqs), positions, "full", lambda _, q, k, v: self._prefill(q, k, v, bounds))
         rows = torch.cat([torch.arange(lo + p - 1, hi - 1) for lo, hi, p in zip(bounds, bounds[1:], prompt_lens)])
-        lp = self._logprob(logits[rows.to(self.device)], torch.cat([t[p:] for t, p in zip(seqs, prompt_lens)]), "full")
+        # Only the scored rows go through the lm_head (row-independent, so the same bits as all rows then a gather).
+        logits = self._forward(torch.cat(seqs), positions, "full", lambda _, q, k, v: self._prefill(q, k, v, bounds),
+                               keep=rows.to(self.device))
+        lp = self._logprob(logits, torch.cat([t[p:] for t, p in zip(seqs, prompt_lens)]), "full")
         return list(lp.split([n - p for n, p in zip(lens, prompt_lens)]))
 
     def policy_logprobs(self, seqs: list[torch.Tensor], prompt_lens: list[int], ops=None) -> list[torch.Tensor]:
