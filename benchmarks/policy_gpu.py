@@ -125,6 +125,10 @@ def step_times(m: MoEDecoder, seqs, prompts, reps: int, device: str) -> dict:
                     times[label].append(start.elapsed_time(end))
     out = {label: {"ms": statistics.median(t) if t else None, "ms_all": t, "peak_extra_GB": peak.get(label)}
            for label, t in times.items()}
+    if m.s.experts:  # the torch model's experts: one torch._grouped_mm per projection, or a loop of matmuls
+        from kernels.autograd import _grouped_mm_trains
+
+        out["torch_experts"] = "torch._grouped_mm" if _grouped_mm_trains(torch.device(device)) else "per-expert matmuls"
     if out["unified"]["ms"] and out["torch"]["ms"]:
         out["unified_over_torch"] = out["unified"]["ms"] / out["torch"]["ms"]
     return out

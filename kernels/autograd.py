@@ -207,6 +207,26 @@ class KernelOps:
         return _attention(q, k, v, self.k["attention"], sm_scale)
 
 
+_GROUPED_MM: dict = {}
+
+
+def _grouped_mm_trains(device: torch.device) -> bool:
+    """Whether torch._grouped_mm runs forward and backward here (a Hopper GPU and a torch that has it), probed
+    once per device."""
+    if device.type != "cuda" or getattr(torch, "_grouped_mm", None) is None:
+        return False
+    if device not in _GROUPED_MM:
+        try:
+            x = torch.randn((32, 16), device=device, dtype=torch.bfloat16, requires_grad=True)
+            w = torch.randn((2, 16, 16), device=device, dtype=torch.bfloat16, requires_grad=True)
+            offs = torch.tensor([16, 32], device=device, dtype=torch.int32)
+            torch._grouped_mm(x, w.transpose(1, 2), offs=offs).float().sum().backward()
+            _GROUPED_MM[device] = x.grad is not None and w.grad is not None
+        except Exception:  # noqa: BLE001 - unsupported GPU or build: the per-expert loop instead
+            _GROUPED_MM[device] = False
+    return _GROUPED_MM[device]
+
+
 def _rms(x, w, eps):
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
@@ -226,8 +246,7 @@ class TorchOps:
         return (x.float() @ w.float().t()).to(x.dtype)
 
     def linear_grouped(self, x, weights, starts):
-        if self.native and x.is_cuda and getattr(torch, "_grouped_mm", None) is not None \
-                and torch.cuda.get_device_capability(x.device)[0] >= 9:
+        if self.native and _grouped_mm_trains(x.device):
             return torch._grouped_mm(x, weights.transpose(1, 2), offs=starts[1:].to(torch.int32))
         b = starts.tolist()
         return torch.cat([self.linear(x[lo:hi], weights[e]) for e, (lo, hi) in enumerate(zip(b, b[1:]))])
