@@ -323,7 +323,8 @@ class MoEDecoder:
 @contextlib.contextmanager
 def hooked(m: MoEDecoder, wrap):
     """Within the block, every family call of the model runs as wrap(family, path, call, *args), attention's
-    prefill with path "full" and its decode with "decode"; the model is given back unwrapped."""
+    prefill with path "full" and its decode with "decode"; the model is given back unwrapped. (policy_logprobs'
+    calls go through its differentiable `ops` instead.)"""
     op, attn = m._op, m.k["attention"]
     m._op = lambda family, path, *a: wrap(family, path, lambda *b: op(family, path, *b), *a)
     m.k = {**m.k, "attention": SimpleNamespace(prefill=lambda *a: wrap("attention", "full", attn.prefill, *a),
