@@ -34,7 +34,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.autograd import KernelOps, TorchOps  # noqa: E402
+from kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
 from kernels.moe_decoder import MoEDecoder, MoEShape  # noqa: E402
 
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # benchmarks/model_consistency_gpu.py's
@@ -47,21 +47,6 @@ SHAPES = {
 STEP_LENS, STEP_PROMPTS = [2048] * 4, [1024] * 4
 SMOKE = {"dense": MoEShape(experts=0, intermediate=96), "moe": MoEShape()}
 SMOKE_LENS, SMOKE_PROMPTS = [9, 12, 7], [5, 8, 4]
-
-
-class Recording:
-    """Ops that keep each layer's expert ids, to count tokens routed differently by two forwards."""
-
-    def __init__(self, ops):
-        self.ops, self.ids = ops, []
-
-    def __getattr__(self, name):
-        return getattr(self.ops, name)
-
-    def moe_routing(self, logits, top_k):
-        w, ids = self.ops.moe_routing(logits, top_k)
-        self.ids.append(ids.detach().clone())
-        return w, ids
 
 
 def sequences(vocab: int, lens: list[int], device: str, seed: int) -> list[torch.Tensor]:
@@ -88,7 +73,7 @@ def checks(m: MoEDecoder, seqs, prompts, device: str) -> dict:
     train = m.training_logprobs(seqs, prompts)
     rollout = m.rollout_logprobs(seqs, prompts)
     adv = torch.randn(sum(t.numel() for t in train), generator=torch.Generator().manual_seed(5)).to(device)
-    ours, ref = Recording(KernelOps(m.k)), Recording(TorchOps())
+    ours, ref = RecordingRouting(KernelOps(m.k)), RecordingRouting(TorchOps())
     lp = backward(m, seqs, prompts, adv, ours)
     g_ours = [p.grad.clone() for p in m.parameters()]
     backward(m, seqs, prompts, adv, ref)

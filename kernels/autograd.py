@@ -290,3 +290,18 @@ class TorchOps:
                                            enable_gqa=q.shape[1] != k.shape[1])
         return o.to(q.dtype)
 
+
+class RecordingRouting:
+    """Wraps an ops object and keeps each call's expert ids (`ids`, one tensor per MoE layer and forward): two
+    forwards' choices can be compared, since tokens routed differently have different gradients by design."""
+
+    def __init__(self, ops):
+        self.ops, self.ids = ops, []
+
+    def __getattr__(self, name):
+        return getattr(self.ops, name)
+
+    def moe_routing(self, logits, top_k):
+        w, ids = self.ops.moe_routing(logits, top_k)
+        self.ids.append(ids.detach().clone())
+        return w, ids

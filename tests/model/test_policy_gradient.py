@@ -5,7 +5,7 @@ model written in torch (`kernels.autograd.TorchOps`) to bf16 accuracy."""
 import pytest
 import torch
 
-from kernels.autograd import KernelOps, TorchOps
+from kernels.autograd import KernelOps, RecordingRouting, TorchOps
 from kernels.moe_decoder import MoEDecoder, MoEShape
 
 LENS, PROMPTS = [9, 12, 7], [5, 8, 4]
@@ -15,21 +15,6 @@ GRAD_TOL = 4e-2  # relative L2 per parameter; measured 1.2-2.3% (bf16 activation
 def sequences(seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 512, (n,), generator=g).to(torch.int32) for n in LENS]
-
-
-class Recording:
-    """Ops that record each layer's expert choice, so both sides can be shown to route alike."""
-
-    def __init__(self, ops):
-        self.ops, self.ids = ops, []
-
-    def __getattr__(self, name):
-        return getattr(self.ops, name)
-
-    def moe_routing(self, logits, top_k):
-        w, ids = self.ops.moe_routing(logits, top_k)
-        self.ids.append(ids.clone())
-        return w, ids
 
 
 def gradients(m: MoEDecoder, seqs, advantages, ops) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -53,7 +38,7 @@ def test_policy_logprobs_are_training_bits_and_gradients_match_torch(shape, grou
     seqs = sequences(3)
     train = m.training_logprobs(seqs, PROMPTS)
     adv = torch.randn(sum(LENS) - sum(PROMPTS), generator=torch.Generator().manual_seed(5))
-    ours, ref = Recording(KernelOps(m.k)), Recording(TorchOps())
+    ours, ref = RecordingRouting(KernelOps(m.k)), RecordingRouting(TorchOps())
     lp, g_ours = gradients(m, seqs, adv, ours)
     assert all(torch.equal(a, b.detach()) for a, b in zip(train, lp))  # the trainer's bits, with the graph
     _, g_ref = gradients(m, seqs, adv, ref)
