@@ -118,7 +118,7 @@ while [ $# -gt 0 ]; do
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots
       timeout 400 python3 benchmarks/family_checks_gpu.py "$f" ${FAMILY_CHECKS_LARGE:+--large} ${FAMILY_CHECKS_GRAPHS:+--graphs} --out "$OUT/family_checks_$(echo "$f" | tr , _).json" 2>&1 | tail -30 ;;
     linear_grouped)  # the experts' grouped launches (+ LINEAR_GROUPED_VARIANTS json) vs torch._grouped_mm / cuBLAS loop
-      timeout 480 python3 benchmarks/linear_grouped_gpu.py ${LINEAR_GROUPED_VARIANTS:+--variants-json $LINEAR_GROUPED_VARIANTS} \
+      timeout 480 python3 benchmarks/linear_grouped_gpu.py ${LINEAR_GROUPED_VARIANTS:+--variants-json $LINEAR_GROUPED_VARIANTS} ${LINEAR_GROUPED_ARGS:-} \
         --budget-s ${LINEAR_GROUPED_BUDGET_S:-400} --out "$OUT/linear_grouped.json" 2>&1 | tail -40 ;;
     model_speed)  # the training forward of the model on the unified kernels against cuBLAS / SDPA / torch ops
       timeout 300 python3 benchmarks/model_speed_gpu.py ${MODEL_SPEED_CONFIGS:+--configs $MODEL_SPEED_CONFIGS} ${MODEL_SPEED_ARGS:-} \

@@ -78,6 +78,11 @@ def per_expert_reference(root, x, w, bounds) -> torch.Tensor:
     return y
 
 
+# Alternatives to the grouped dW kernel's tile (BLOCK_N, BLOCK_K, BLOCK_R, warps, stages): wider tiles read each
+# expert's rows fewer times.
+DW_TILES = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 32, 8, 4), (128, 256, 32, 8, 3)]
+
+
 def backward_cell(root, shape: str, n: int, k: int, peer_available: bool) -> dict:
     """linear_grouped_backward (dX through the grouped kernel, dW per expert) against torch._grouped_mm's two
     grouped GEMMs at T 8192, balanced routing; relative L2 difference between the two (backward has no bitwise
@@ -88,6 +93,18 @@ def backward_cell(root, shape: str, n: int, k: int, peer_available: bool) -> dic
     gx, gw = torch.empty_like(x), torch.empty_like(w)
     cell = {"shape": shape, "n": n, "k": k, "rows": rows,
             "us": {"root": timed(lambda: root.linear_grouped_backward(x, w, starts, gy, gx, gw), False)}}
+    ref_gw, default = gw.clone(), root.DW_TILE
+    for tile in DW_TILES:  # the dW kernel's tile (dX unchanged): time and agreement with the root's tile
+        name = "dw_tile_" + "x".join(map(str, tile))
+        try:
+            root.DW_TILE = tile
+            cell["us"][name] = timed(lambda: root.linear_grouped_backward(x, w, starts, gy, gx, gw), False)
+            cell.setdefault("dw_rel_l2_vs_root_tile", {})[name] = float(
+                (gw.float() - ref_gw.float()).norm() / ref_gw.float().norm())
+        except Exception as e:  # noqa: BLE001 - a tile that does not fit (shared memory) loses only itself
+            cell.setdefault("errors", {})[name] = repr(e)[:300]
+        finally:
+            root.DW_TILE = default
     if peer_available:
         offs = starts[1:]
 
@@ -119,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants-json", default="",
                     help="a JSON object {name: {KNOB: value}} of linear knob variants to time besides the root")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop timing (keep what is measured) after this")
+    ap.add_argument("--backward-only", action="store_true",
+                    help="only the backward cells (the root's dW tile and DW_TILES against torch._grouped_mm)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU (the grouped launch's CPU checks are in tests/kernels/)")
@@ -136,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
               "cells": [], "skipped": []}
     cells = [("full", t, skew) for t in FULL_TOKENS for skew in (False, True)]
     cells += [("decode", b, False) for b in DECODE_BATCH]
+    if args.backward_only:
+        cells = []
     for shape, (n, k) in SHAPES.items():
         w = randn((EXPERTS, n, k), 1, k ** -0.5)
         for phase, tokens, skew in cells:

@@ -392,6 +392,11 @@ def _linear_grouped_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, starts_ptr, E, T, N, K,
     _store_tile(total, y_ptr, y_ptr, y32_ptr, rows, cols, row_end, N, sym, syn, False, WRITE32)
 
 
+# The grouped dW kernel's (BLOCK_N, BLOCK_K, BLOCK_R, warps, stages). Backward only, so not a knob (no bits
+# depend on it); benchmarks/linear_grouped_gpu.py times alternatives.
+DW_TILE = (64, 64, 64, 4, 3)
+
+
 @triton.jit
 def _linear_grouped_dw_kernel(gy_ptr, x_ptr, gw_ptr, starts_ptr, N, K, sgm, sgn, sxm, sxk, swe, swn, swk,
                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
@@ -654,11 +659,11 @@ def linear_grouped_backward(x: torch.Tensor, weights: torch.Tensor, starts: torc
                          f"{list(grad_out.shape)}, grad_x {list(grad_x.shape)}, grad_weights "
                          f"{list(grad_weights.shape)} do not agree")
     _launch_grouped(grad_out, weights.transpose(1, 2), starts, grad_x, None, "FULL")
-    bn, bk = 64, 64
+    bn, bk, br, warps, stages = DW_TILE
     fast(_linear_grouped_dw_kernel)[(E, cdiv(N, bn) * cdiv(K, bk))](
         grad_out, x, grad_weights, starts.to(torch.int32), N, K, grad_out.stride(0), grad_out.stride(1),
         x.stride(0), x.stride(1), grad_weights.stride(0), grad_weights.stride(1), grad_weights.stride(2),
-        BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=64, num_warps=4, num_stages=3)
+        BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, num_warps=warps, num_stages=stages)
 
 
 def linear_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, grad_x: torch.Tensor,
