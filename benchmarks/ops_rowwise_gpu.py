@@ -1,7 +1,8 @@
 """GPU benchmark of the row-wise and elementwise families (rmsnorm, add_rmsnorm, qk_rmsnorm, rope, silu_mul,
-kv_append, embedding): each family's root (and any `extras`: a run's best, a kernel file) against torch eager, torch.compile and Liger-Kernel where Liger has the op;
-bitwise path consistency at model shapes (the families' own checks, run on the GPU); achieved bandwidth
-against a device-to-device copy ceiling measured in the same run. Writes JSON to --out; prints a table last.
+kv_append, embedding): each family's root (and any `extras`: a run's best, a kernel file) against torch eager,
+torch.compile and Liger-Kernel where Liger has the op; bitwise path consistency at model shapes (the families'
+own checks, run on the GPU); achieved bandwidth against a device-to-device copy ceiling measured in the same run.
+Writes JSON to --out; prints a table last.
 rope is timed several ways: `root_us` looks each token's cos/sin row up in the table by position (as the engine
 times it); on rotated sets like the peers, `root_table_us` the same lookup, `root_rows_us` rows pre-gathered
 outside the timed region as Liger's cos/sin are (a model gathers them once per step for all layers) and
