@@ -31,16 +31,18 @@ def gradients(m: MoEDecoder, seqs, advantages, ops) -> tuple[list[torch.Tensor],
     return lp, grads
 
 
-@pytest.mark.parametrize("shape, grouped", [(MoEShape(experts=0, intermediate=96), True), (MoEShape(), True),
-                                            (MoEShape(), False)], ids=["dense", "moe_grouped", "moe_per_expert"])
-def test_policy_logprobs_are_training_bits_and_gradients_match_torch(shape, grouped):
-    m = MoEDecoder(shape, 1, "cpu", grouped_experts=grouped)
+@pytest.mark.parametrize("shape, grouped, temperature", [
+    (MoEShape(experts=0, intermediate=96), True, 1.0), (MoEShape(), True, 1.0), (MoEShape(), False, 0.7)],
+    ids=["dense", "moe_grouped", "moe_per_expert_t0.7"])
+def test_policy_logprobs_are_training_bits_and_gradients_match_torch(shape, grouped, temperature):
+    m = MoEDecoder(shape, 1, "cpu", grouped_experts=grouped, temperature=temperature)
     seqs = sequences(3)
     train = m.training_logprobs(seqs, PROMPTS)
     adv = torch.randn(sum(LENS) - sum(PROMPTS), generator=torch.Generator().manual_seed(5))
     ours, ref = RecordingRouting(KernelOps(m.k)), RecordingRouting(TorchOps())
     lp, g_ours = gradients(m, seqs, adv, ours)
     assert all(torch.equal(a, b.detach()) for a, b in zip(train, lp))  # the trainer's bits, with the graph
+    assert m.ops is None and not any(p.requires_grad for p in m.parameters())  # the model is left as it was
     _, g_ref = gradients(m, seqs, adv, ref)
     assert len(ours.ids) == len(ref.ids) == (shape.layers if shape.experts else 0)
     assert all(torch.equal(a, b) for a, b in zip(ours.ids, ref.ids))  # the same experts on both sides
