@@ -24,6 +24,7 @@ import torch
 import triton
 
 from kernels.decoder import FAMILIES, Shape, TinyDecoder, roots, with_sets
+from kernels.files import KernelArgError, add_arguments, model_impls
 from kernels.moe_decoder import FAMILIES as MOE_FAMILIES
 from kernels.moe_decoder import MoEDecoder, MoEShape
 
@@ -111,13 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attention-set", default="",
                     help="attention as this named set (kernels/attention/bench.py) instead of its root; needs the "
                          "engine's packages (omegaconf)")
+    add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
+    families = MOE_FAMILIES if args.model == "moe" else FAMILIES
+    try:  # files checked before the GPU, so a wrong argument is named on any machine
+        impls = (with_sets({"attention": args.attention_set}, "--attention-set", families) if args.attention_set
+                 else roots(families))
+        impls, given = model_impls(args, families, impls)
+    except KernelArgError as e:
+        print(f"error: {e}")
+        return 2
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU (the CPU checks of the same model are tests/model/)")
         return 2
-    families = MOE_FAMILIES if args.model == "moe" else FAMILIES
-    impls = (with_sets({"attention": args.attention_set}, "--attention-set", families) if args.attention_set
-             else roots(families))
     if args.control == "cublas_decode":
         impls = cublas_decode(impls)
     if args.model == "moe":
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
               "prompt": args.prompt if args.model == "dense" else None, "attention_set": args.attention_set or "root",
               "control": args.control, "grouped_experts": not args.per_expert,
               "attention_knobs": getattr(impls["attention"], "KNOBS", {}), "runs": rows,
+              "kernels": {f: {"from": arg, "knobs": impls[f].KNOBS} for f, arg in given.items()},
               "all_bit_exact": all(r["mismatching_logprobs"] == 0 for r in rows)}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print("all bit-exact:", result["all_bit_exact"])

@@ -24,7 +24,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_consistency_gpu import MOE_ANSWERS, MOE_PROMPTS  # noqa: E402
 
-from kernels.moe_decoder import MoEDecoder, MoEShape, hooked  # noqa: E402
+from kernels.files import KernelArgError, add_arguments, model_impls  # noqa: E402
+from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 from tik_evo.graph_replay import capture_one, tallied  # noqa: E402
 
 WIDTHS = {  # four layers at the widths of the models named
@@ -57,7 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(WIDTHS), help=f"comma-separated, of {','.join(WIDTHS)}")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--out", default="model_graphs.json")
+    add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
+    try:  # files checked before the GPU, so a wrong argument is named on any machine
+        impls, given = model_impls(args, FAMILIES)
+    except KernelArgError as e:
+        print(f"error: {e}")
+        return 2
     if not torch.cuda.is_available():
         print("error: replaying kernels from CUDA graphs needs a CUDA GPU (tests/model/test_graph_replay.py checks the "
               "harness on the CPU)")
@@ -68,14 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     lens = [p + a for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "prompts": list(MOE_PROMPTS), "lens": lens, "runs": []}
+           "prompts": list(MOE_PROMPTS), "lens": lens, "runs": [],
+           "kernels": {f: {"from": arg, "knobs": impls[f].KNOBS} for f, arg in given.items()}}
     ok = True
     for name in names:
         shape = MoEShape(**WIDTHS[name], max_pos=max(lens))
         for seed in range(args.seeds):
             g = torch.Generator().manual_seed(seed)
             seqs = [torch.randint(0, shape.vocab, (n,), generator=g).to("cuda", torch.int32) for n in lens]
-            m = MoEDecoder(shape, seed, "cuda")
+            m = MoEDecoder(shape, seed, "cuda", impls=impls)
             train = m.training_logprobs(seqs, list(MOE_PROMPTS))
             t0 = time.time()
             roll, tally = graph_rollout(m, seqs, list(MOE_PROMPTS))

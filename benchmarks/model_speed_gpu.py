@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_peers import torch_impls  # noqa: E402
 
 from kernels.decoder import roots, with_sets  # noqa: E402
+from kernels.files import KernelArgError, add_arguments, model_impls  # noqa: E402
 from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 from tik_evo import launch  # noqa: E402
 
@@ -175,13 +176,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-context", type=int, default=1024, help="prompt length before the decode steps")
     ap.add_argument("--no-launch-ab", action="store_true",
                     help="skip the unified model with Triton's own launch path (tik_evo.launch off)")
+    add_arguments(ap, "used in the unified model instead of the family's root")
     args = ap.parse_args(argv)
+    try:  # files checked before the GPU, so a wrong argument is named on any machine
+        unified = (with_sets({"attention": args.attention_set}, "--attention-set", FAMILIES) if args.attention_set
+                   else roots(FAMILIES))
+        unified, given = model_impls(args, FAMILIES, unified)
+    except KernelArgError as e:
+        print(f"error: {e}")
+        return 2
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU (the CPU checks of the same model are tests/model/)")
         return 2
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
-              "attention_set": args.attention_set or "root", "configs": {}}
+              "attention_set": args.attention_set or "root", "configs": {},
+              "kernels": {f: {"from": arg, "knobs": unified[f].KNOBS} for f, arg in given.items()}}
     result["host_us_per_call"] = host_us_per_call()
     print("host us per call:", {k: round(v, 1) for k, v in result["host_us_per_call"].items()}, flush=True)
     for name in args.configs.split(","):
@@ -191,8 +201,6 @@ def main(argv: list[str] | None = None) -> int:
         g = torch.Generator().manual_seed(7)
         seqs = [torch.randint(0, shape.vocab, (n,), generator=g).to("cuda", torch.int32) for n in lens]
         row = {"shape": shape.__dict__, "lens": lens, "prompts": prompts}
-        unified = (with_sets({"attention": args.attention_set}, "--attention-set", FAMILIES) if args.attention_set
-                   else roots(FAMILIES))
         runs = [("unified", unified, True, False), ("torch", torch_impls(), True, False)]
         if not args.no_launch_ab:
             runs.append(("unified_triton_launch", unified, False, False))

@@ -22,7 +22,6 @@ import argparse
 import importlib
 import json
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
@@ -34,59 +33,19 @@ SUITES = {
 FAMILIES = tuple(f for fams in SUITES.values() for f in fams)
 
 
-class UsageError(ValueError):
-    """A bad --best / --kernel / --families argument; the message names it."""
-
-
-def _label(stem: str, taken: dict) -> str:
-    """A JSON-key-safe label, unique among `taken`."""
-    label = re.sub(r"\W", "_", stem)
-    n, base = 2, label
-    while label in taken:
-        label, n = f"{base}_{n}", n + 1
-    return label
-
-
 def extra_implementations(best: list[str], kernels: list[str], tmp: Path) -> dict[str, dict[str, str]]:
-    """{family: {label: path}} of the implementations to time beside the roots, each read and its KNOBS checked
-    against its family's space before anything runs, so a wrong path, family or knob is named at once."""
-    from tik_evo.knobs import read_knobs
+    """{family: {label: path}} of the implementations to time beside the roots (kernels/files.py reads and checks
+    them); several per family get distinct labels."""
+    from kernels.files import kernel_sources
 
-    def known(arg: str, family: str) -> None:
-        if family not in FAMILIES:
-            raise UsageError(f"{arg}: family {family!r} has no ops benchmark (these do: {', '.join(FAMILIES)}; "
-                             "attention: `tik-evo bench attention --best RUN_DIR`)")
-
-    found: list[tuple[str, str, str, str]] = []  # (argument, family, label stem, source)
-    for run_dir in best:
-        from tik_evo.store import StoreError, best_of  # lmdb: only where a run directory is given
-
-        try:
-            family, impl_id, source = best_of(Path(run_dir))
-        except StoreError as e:
-            raise UsageError(f"--best {run_dir}: {e}") from None
-        known(f"--best {run_dir}", family)
-        found.append((f"--best {run_dir}", family, f"best_{impl_id}", source))
-    for item in kernels:
-        family, sep, path = item.partition("=")
-        if not sep or not path:
-            raise UsageError(f"--kernel {item}: expected FAMILY=FILE, e.g. rope=rope_kernel.py")
-        known(f"--kernel {item}", family)
-        try:
-            source = Path(path).read_text()
-        except OSError as e:
-            raise UsageError(f"--kernel {item}: {e.strerror or e}") from None
-        found.append((f"--kernel {item}", family, f"file_{Path(path).stem}", source))
     extras: dict[str, dict[str, str]] = {}
-    for arg, family, stem, source in found:
-        try:
-            importlib.import_module(f"kernels.{family}").FAMILY.check_knobs(read_knobs(source), "its KNOBS")
-        except ValueError as e:  # no KNOBS dict, or a knob outside the family's space (KnobsError is one too)
-            raise UsageError(f"{arg}: {e}") from None
-        taken = extras.setdefault(family, {})
-        label = _label(stem, taken)
-        path = tmp / f"{family}_{label}.py"
-        path.write_text(source)
+    for k in kernel_sources(best, kernels, FAMILIES, "attention: `tik-evo bench attention --best / --kernel`"):
+        taken = extras.setdefault(k.family, {})
+        label, n = k.stem, 2
+        while label in taken:
+            label, n = f"{k.stem}_{n}", n + 1
+        path = tmp / f"{k.family}_{label}.py"
+        path.write_text(k.source)
         taken[label] = str(path)
     return extras
 
@@ -96,25 +55,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default="", help="comma-separated family names (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON results")
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter run of the suites that support it")
-    ap.add_argument("--best", metavar="RUN_DIR", action="append", default=[],
-                    help="also check and time the best implementation of a run directory (repeatable)")
-    ap.add_argument("--kernel", metavar="FAMILY=FILE", action="append", default=[],
-                    help="also check and time a kernel file of FAMILY (repeatable)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from kernels.files import KernelArgError, add_arguments
+
+    add_arguments(ap, "checked and timed beside the root")
     args = ap.parse_args(argv)
     if args.dry_run:  # before any kernel module is imported (the --kernel checks import the families)
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, str(Path(__file__).parent))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     out = Path(args.out)
     try:
         wanted = [f for f in args.families.split(",") if f] or None
         unknown = [f for f in wanted or [] if f not in FAMILIES]
         if unknown:
-            raise UsageError(f"--families: {', '.join(unknown)} not benchmarked here (these are: "
-                             f"{', '.join(FAMILIES)})")
+            raise KernelArgError(f"--families: {', '.join(unknown)} not benchmarked here (these are: "
+                                 f"{', '.join(FAMILIES)})")
         out.mkdir(parents=True, exist_ok=True)
         extras = extra_implementations(args.best, args.kernel, Path(tempfile.mkdtemp(prefix="ops_extras_")))
-    except (UsageError, OSError) as e:
+    except (KernelArgError, OSError) as e:
         print(f"tik-evo bench ops: {e}", file=sys.stderr)
         return 2
     if not args.dry_run:

@@ -35,7 +35,8 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
-from kernels.moe_decoder import MoEDecoder, MoEShape  # noqa: E402
+from kernels.files import KernelArgError, add_arguments, model_impls  # noqa: E402
+from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # benchmarks/model_consistency_gpu.py's
 SHAPES = {
@@ -127,7 +128,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"--smoke: {', '.join(SMOKE)}")
     ap.add_argument("--no-step", action="store_true", help="bits and gradients only (no policy-step timing)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under the interpreter")
+    add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
+    try:  # files checked before the GPU, so a wrong argument is named on any machine
+        impls, given = model_impls(args, FAMILIES)
+    except KernelArgError as e:
+        print(f"error: {e}")
+        return 2
     if args.smoke:
         from tik_evo import interp
 
@@ -140,14 +147,15 @@ def main(argv: list[str] | None = None) -> int:
         device, shapes = "cuda", SHAPES
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter smoke run)",
-              "torch": torch.__version__, "triton": triton.__version__, "configs": {}}
+              "torch": torch.__version__, "triton": triton.__version__, "configs": {},
+              "kernels": {f: {"from": arg, "knobs": impls[f].KNOBS} for f, arg in given.items()}}
     for name in [c for c in args.configs.split(",") if c] or list(shapes):
         if name not in shapes:
             raise SystemExit(f"--configs: unknown config {name!r} (known: {', '.join(shapes)})")
         shape = shapes[name]
         lens = SMOKE_LENS if args.smoke else [p + a for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
         prompts = SMOKE_PROMPTS if args.smoke else list(MOE_PROMPTS)
-        m = MoEDecoder(shape, 0, device)
+        m = MoEDecoder(shape, 0, device, impls=impls)
         for p in m.parameters():
             p.requires_grad_(True)
         row = {"shape": shape.__dict__, "checks": checks(m, sequences(shape.vocab, lens, device, 100), prompts, device)}

@@ -78,12 +78,14 @@ def test_a_runs_best_and_kernel_files_are_checked_and_timed_beside_the_root(tmp_
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--kernel", "nope=x.py"], "--kernel nope=x.py: family 'nope' has no ops benchmark"),
+    (["--kernel", "nope=x.py"], "--kernel nope=x.py: family 'nope' is not one of rmsnorm, add_rmsnorm"),
     (["--kernel", "silu_mul"], "--kernel silu_mul: expected FAMILY=FILE"),
     (["--kernel", "silu_mul={missing}"], "No such file or directory"),
     (["--kernel", "rope={silu}"], "its KNOBS: family 'rope' has no knob 'SILU_FORM'"),
     (["--best", "{missing}"], "no IR store here"),
-    (["--best", "{attention_run}"], "family 'attention' has no ops benchmark"),
+    (["--best", "{attention_run}"], "family 'attention' is not one of rmsnorm, add_rmsnorm, silu_mul, rope, "
+                                    "qk_rmsnorm, embedding, kv_append, linear, logprob, moe_routing (attention: "
+                                    "`tik-evo bench attention --best / --kernel`)"),
     (["--families", "foo"], "--families: foo not benchmarked here"),
     (["--families", "rope", "--kernel", "silu_mul={silu}"], "--families leaves out silu_mul"),
 ])
