@@ -109,27 +109,37 @@ def decode_step_us(m: MoEDecoder, batch: int, prompt: int, steps: int, vocab: in
         with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
             m.rollout_logprobs(seqs, [prompt] * batch)
             sync()
-    # Each labelled call leaves a GPU-side range from its first kernel's start to its last kernel's end. The
-    # kernels (and copies) that start inside it are summed; the range itself is not, since it spans the idle gaps
-    # between a host-bound call's kernels. (Triton's launches have no ATen op to hang on, so the host-side
-    # events' own device times miss them.)
+    per = kernel_us_by_label(prof, "decode:")
+    out: dict = {f: {"us_per_step": v["us"] / steps, "calls_per_step": v["calls"] / steps} for f, v in per.items()
+                 if f != "gpu_ranges"}
+    out["total_us_per_step"] = sum(v["us_per_step"] for v in out.values())
+    out["gpu_ranges"] = per["gpu_ranges"]  # 0 on a GPU: the profiler gave no device-side ranges, so no times
+    return out
+
+
+def kernel_us_by_label(prof, prefix: str) -> dict:
+    """{label without `prefix`: {"us": GPU time of the kernels started inside its calls, "calls": its host-side
+    calls}} from a torch.profiler profile, and "gpu_ranges": how many device-side ranges the labels left.
+
+    Each labelled call leaves a GPU-side range from its first kernel's start to its last kernel's end. The
+    kernels (and copies) that start inside it are summed; the range itself is not, since it spans the idle gaps
+    between a host-bound call's kernels. (Triton's launches have no ATen op to hang on, so the host-side events'
+    own device times miss them.) Labels must not nest."""
     events = [ev for ev in prof.events() if str(ev.device_type).endswith("CUDA")]
-    ranges = sorted((ev.time_range.start, ev.time_range.end, ev.name.removeprefix("decode:"))
-                    for ev in events if ev.name.startswith("decode:"))
+    ranges = sorted((ev.time_range.start, ev.time_range.end, ev.name.removeprefix(prefix))
+                    for ev in events if ev.name.startswith(prefix))
     starts = [r[0] for r in ranges]
     out: dict = {}
     for ev in prof.events():  # calls, from the host-side labels (the only ones on the CPU)
-        if ev.name.startswith("decode:") and str(ev.device_type).endswith("CPU"):
-            out.setdefault(ev.name.removeprefix("decode:"), {"us_per_step": 0.0, "calls_per_step": 0.0})[
-                "calls_per_step"] += 1 / steps
+        if ev.name.startswith(prefix) and str(ev.device_type).endswith("CPU"):
+            out.setdefault(ev.name.removeprefix(prefix), {"us": 0.0, "calls": 0})["calls"] += 1
     for ev in events:
-        if ev.name.startswith("decode:"):
+        if ev.name.startswith(prefix):
             continue
         i = bisect.bisect_right(starts, ev.time_range.start) - 1
         if i >= 0 and ev.time_range.start < ranges[i][1]:
-            out[ranges[i][2]]["us_per_step"] += (ev.time_range.end - ev.time_range.start) / steps
-    out["total_us_per_step"] = sum(v["us_per_step"] for v in out.values())
-    out["gpu_ranges"] = len(ranges)  # 0 on a GPU: the profiler gave no device-side ranges, so no times
+            out.setdefault(ranges[i][2], {"us": 0.0, "calls": 0})["us"] += ev.time_range.end - ev.time_range.start
+    out["gpu_ranges"] = len(ranges)
     return out
 
 

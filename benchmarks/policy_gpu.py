@@ -34,6 +34,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
 from kernels.files import KernelArgError, add_arguments, model_impls  # noqa: E402
 from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
@@ -120,6 +121,28 @@ def step_times(m: MoEDecoder, seqs, prompts, reps: int, device: str) -> dict:
     return out
 
 
+def breakdown(m: MoEDecoder, seqs, prompts, device: str) -> dict:
+    """One policy step on the kernels under the profiler: per family and direction ("linear.fwd", "linear.bwd",
+    ...), the GPU time of the kernels inside its calls (ms) and its calls; "other_ms" is the step's remaining
+    kernel time (the harness's glue, autograd's own kernels)."""
+    from model_speed_gpu import kernel_us_by_label
+    from torch.profiler import ProfilerActivity, profile
+
+    adv = torch.randn(sum(n - p for n, p in zip(map(len, seqs), prompts)),
+                      generator=torch.Generator().manual_seed(6)).to(device)
+    cuda = device == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        backward(m, seqs, prompts, adv, KernelOps(m.k))
+        if cuda:
+            torch.cuda.synchronize()
+    per = kernel_us_by_label(prof, "policy:")
+    out = {k: {"ms": v["us"] / 1e3, "calls": v["calls"]} for k, v in per.items() if k != "gpu_ranges"}
+    kernels_ms = sum((ev.time_range.end - ev.time_range.start) / 1e3 for ev in prof.events()
+                     if str(ev.device_type).endswith("CUDA") and not ev.name.startswith("policy:"))
+    return {"families": out, "other_ms": kernels_ms - sum(v["ms"] for v in out.values()),
+            "gpu_ranges": per["gpu_ranges"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", default="policy.json")
@@ -169,7 +192,13 @@ def main(argv: list[str] | None = None) -> int:
             step_lens, step_prompts = (SMOKE_LENS, SMOKE_PROMPTS) if args.smoke else (STEP_LENS, STEP_PROMPTS)
             row["step"] = step_times(m, sequences(shape.vocab, step_lens, device, 7), step_prompts,
                                      1 if args.smoke else args.reps, device)
+            row["step"]["breakdown"] = breakdown(m, sequences(shape.vocab, step_lens, device, 7), step_prompts,
+                                                 device)
             st = row["step"]
+            fams = st["breakdown"]["families"]
+            print(f"{name}: kernel time of one step by family (ms): " + ", ".join(
+                f"{k} {v['ms']:.2f}" for k, v in sorted(fams.items(), key=lambda kv: -kv[1]["ms"])) +
+                f", other {st['breakdown']['other_ms']:.2f}", flush=True)
             if "unified_over_torch" in st:
                 print(f"{name}: policy step {st['unified']['ms']:.1f} ms ({st['unified']['peak_extra_GB']:.1f} GB) "
                       f"against {st['torch']['ms']:.1f} ms ({st['torch']['peak_extra_GB']:.1f} GB) for torch: "

@@ -20,19 +20,22 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from kernels.attention.autograd import attention as _attention
 
 
 class _Call(torch.autograd.Function):
     """One kernel call: `forward(*inputs)` returns its outputs; `backward(inputs, outputs, *grads)` returns a
-    gradient (or None) per input. Integer outputs (expert ids) are not differentiable."""
+    gradient (or None) per input. Integer outputs (expert ids) are not differentiable. Each half runs under a
+    profiler label, "policy:<family>.fwd" / ".bwd", so a profile of a policy step can be split by family."""
 
     @staticmethod
-    def forward(ctx, forward, backward, *inputs):
-        outs = forward(*inputs)
+    def forward(ctx, name, forward, backward, *inputs):
+        with record_function(f"policy:{name}.fwd"):
+            outs = forward(*inputs)
         outs = outs if isinstance(outs, tuple) else (outs,)
-        ctx.backward, ctx.n_inputs = backward, len(inputs)
+        ctx.name, ctx.backward, ctx.n_inputs = name, backward, len(inputs)
         ctx.save_for_backward(*inputs, *outs)
         ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
         return outs if len(outs) > 1 else outs[0]
@@ -40,11 +43,12 @@ class _Call(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         saved = ctx.saved_tensors
-        return (None, None, *ctx.backward(saved[:ctx.n_inputs], saved[ctx.n_inputs:], *grads))
+        with record_function(f"policy:{ctx.name}.bwd"):
+            return (None, None, None, *ctx.backward(saved[:ctx.n_inputs], saved[ctx.n_inputs:], *grads))
 
 
-def _apply(forward, backward, *inputs):
-    return _Call.apply(forward, backward, *inputs)
+def _apply(name, forward, backward, *inputs):
+    return _Call.apply(name, forward, backward, *inputs)
 
 
 def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, eps: float):
@@ -87,7 +91,7 @@ class KernelOps:
             gx, gw = torch.empty_like(x), torch.empty_like(w)
             lin.linear_backward(x, w, gy.contiguous(), gx, gw, None)
             return gx, gw
-        return _apply(fwd, bwd, x, w)
+        return _apply("linear", fwd, bwd, x, w)
 
     def linear_grouped(self, x, weights, starts):
         lin = self.k["linear"]
@@ -102,7 +106,7 @@ class KernelOps:
             gx, gw = torch.empty_like(x), torch.empty_like(weights)
             lin.linear_grouped_backward(x, weights, starts, gy.contiguous(), gx, gw)
             return gx, gw, None
-        return _apply(fwd, bwd, x, weights, starts)
+        return _apply("linear_grouped", fwd, bwd, x, weights, starts)
 
     def embedding(self, ids, table):
         def fwd(ids, table):
@@ -114,14 +118,14 @@ class KernelOps:
             ids, table = inputs
             gt = torch.zeros(table.shape, dtype=torch.float32, device=table.device)
             return None, gt.index_add_(0, ids.long(), gh.float()).to(table.dtype)
-        return _apply(fwd, bwd, ids, table)
+        return _apply("embedding", fwd, bwd, ids, table)
 
     def rmsnorm(self, x, w, eps):
         def fwd(x, w):
             y = torch.empty_like(x)
             self.k["rmsnorm"].rmsnorm_full(x, w, eps, y)
             return y
-        return _apply(fwd, lambda inputs, _, gy: rms_backward(*inputs, gy, eps), x, w)
+        return _apply("rmsnorm", fwd, lambda inputs, _, gy: rms_backward(*inputs, gy, eps), x, w)
 
     def add_rmsnorm(self, x, residual, w, eps):
         """(normalised, x + residual): both differentiable."""
@@ -135,7 +139,7 @@ class KernelOps:
         def bwd(inputs, outputs, gy, gh):
             gsum, gw = k.add_rmsnorm_backward(gy.contiguous(), gh.contiguous(), outputs[1], inputs[2], eps)
             return gsum, gsum, gw
-        return _apply(fwd, bwd, x, residual, w)
+        return _apply("add_rmsnorm", fwd, bwd, x, residual, w)
 
     def qk_rmsnorm(self, q, k, q_weight, k_weight, eps):
         def fwd(q, k, qw, kw):
@@ -147,7 +151,7 @@ class KernelOps:
             q, k, qw, kw = inputs
             (dq, dqw), (dk, dkw) = rms_backward(q, qw, gq, eps), rms_backward(k, kw, gk, eps)
             return dq, dk, dqw, dkw
-        return _apply(fwd, bwd, q, k, q_weight, k_weight)
+        return _apply("qk_rmsnorm", fwd, bwd, q, k, q_weight, k_weight)
 
     def rope(self, q, k, cos, sin, positions):
         rope = self.k["rope"]
@@ -162,7 +166,7 @@ class KernelOps:
             dq, dk = torch.empty_like(q), torch.empty_like(k)
             rope.rope_backward(gq.contiguous(), gk.contiguous(), cos, sin, positions, dq, dk)
             return dq, dk, None, None, None
-        return _apply(fwd, bwd, q, k, cos, sin, positions)
+        return _apply("rope", fwd, bwd, q, k, cos, sin, positions)
 
     def silu_mul(self, gate, up):
         k = self.k["silu_mul"]
@@ -171,7 +175,7 @@ class KernelOps:
             act = torch.empty_like(gate)
             k.silu_mul_full(gate, up, act)
             return act
-        return _apply(fwd, lambda inputs, _, g: k.silu_mul_backward(*inputs, g.contiguous()), gate, up)
+        return _apply("silu_mul", fwd, lambda inputs, _, g: k.silu_mul_backward(*inputs, g.contiguous()), gate, up)
 
     def moe_routing(self, logits, top_k):
         """(weights bf16 [tokens, top_k], expert ids int32): the weights are differentiable in the logits."""
@@ -183,7 +187,7 @@ class KernelOps:
 
         def bwd(inputs, outputs, gw, _):
             return (routing_backward(inputs[0], outputs[1], gw),)
-        return _apply(fwd, bwd, logits)
+        return _apply("moe_routing", fwd, bwd, logits)
 
     def logprob(self, logits, targets, temperature):
         """(log-prob of each target, entropy), fp32, differentiable in the logits."""
@@ -200,7 +204,7 @@ class KernelOps:
             gx = torch.empty_like(logits)
             k.logprob_backward(logits, targets, temperature, glp.contiguous(), gent.contiguous(), gx)
             return gx, None
-        return _apply(fwd, bwd, logits, targets)
+        return _apply("logprob", fwd, bwd, logits, targets)
 
     def attention(self, q, k, v, sm_scale):
         """Causal attention of one sequence, q [1, HQ, S, D], k/v [1, HKV, S, D]."""

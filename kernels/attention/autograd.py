@@ -17,6 +17,7 @@ from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from tik_evo.candidate import load_module
 
@@ -31,7 +32,8 @@ class _Attention(torch.autograd.Function):
     def forward(ctx, q, k, v, impl, sm_scale):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = torch.empty_like(q)
-        impl.prefill(q, k, v, sm_scale, out)
+        with record_function("policy:attention.fwd"):
+            impl.prefill(q, k, v, sm_scale, out)
         ctx.save_for_backward(q, k, v)
         ctx.sm_scale = sm_scale
         return out
@@ -39,7 +41,7 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
-        with torch.enable_grad():
+        with torch.enable_grad(), record_function("policy:attention.bwd"):  # a label for profiles of the update
             q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=ctx.sm_scale,
                                                enable_gqa=q.shape[1] != k.shape[1])

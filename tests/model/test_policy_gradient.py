@@ -2,6 +2,8 @@
 bits (so the rollout's), and its gradients, through each family's backward, agree with autograd of the same
 model written in torch (`kernels.autograd.TorchOps`) to bf16 accuracy."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -93,3 +95,22 @@ def test_each_call_backpropagates_like_torch():
         for i, (a, b) in enumerate(zip(*grads)):
             rel = float((a.double() - b.double()).norm() / b.double().norm())
             assert rel < GRAD_TOL, (name, i, rel)
+
+
+def test_a_policy_step_profile_splits_by_family_and_direction():
+    # benchmarks/policy_gpu.py's breakdown: every call is labelled forward and backward (on the CPU only the labels
+    # and counts are checkable). Dense, 2 layers, 3 sequences: qkv, o, gate, up, down per layer plus the lm_head;
+    # one attention call per layer and sequence.
+    from tik_evo.candidate import load_module
+
+    policy = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "policy_gpu.py", "policy_bench")
+    m = MoEDecoder(MoEShape(experts=0, intermediate=96), 1, "cpu")
+    for p in m.parameters():
+        p.requires_grad_(True)
+    fams = policy.breakdown(m, sequences(3), PROMPTS, "cpu")["families"]
+    calls = {k: v["calls"] for k, v in fams.items()}
+    for direction in ("fwd", "bwd"):
+        assert calls[f"linear.{direction}"] == 2 * 5 + 1
+        assert calls[f"attention.{direction}"] == 2 * len(LENS)
+        assert calls[f"logprob.{direction}"] == calls[f"embedding.{direction}"] == 1
+        assert calls[f"add_rmsnorm.{direction}"] == 2 * 2
