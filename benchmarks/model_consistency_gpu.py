@@ -23,8 +23,8 @@ from types import SimpleNamespace
 import torch
 import triton
 
-from kernels.decoder import FAMILIES, Shape, TinyDecoder, roots, with_sets
-from kernels.files import KernelArgError, add_arguments, model_impls
+from kernels.decoder import FAMILIES, Shape, TinyDecoder
+from kernels.files import add_arguments, impls_from_args
 from kernels.moe_decoder import FAMILIES as MOE_FAMILIES
 from kernels.moe_decoder import MoEDecoder, MoEShape
 
@@ -115,13 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
     families = MOE_FAMILIES if args.model == "moe" else FAMILIES
-    try:  # files checked before the GPU, so a wrong argument is named on any machine
-        impls = (with_sets({"attention": args.attention_set}, "--attention-set", families) if args.attention_set
-                 else roots(families))
-        impls, given = model_impls(args, families, impls)
-    except KernelArgError as e:
-        print(f"error: {e}")
+    loaded = impls_from_args(args, families, args.attention_set)  # before the GPU: named on any machine
+    if loaded is None:
         return 2
+    impls, replaced = loaded
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU (the CPU checks of the same model are tests/model/)")
         return 2
@@ -137,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
               "prompt": args.prompt if args.model == "dense" else None, "attention_set": args.attention_set or "root",
               "control": args.control, "grouped_experts": not args.per_expert,
               "attention_knobs": getattr(impls["attention"], "KNOBS", {}), "runs": rows,
-              "kernels": {f: {"from": arg, "knobs": impls[f].KNOBS} for f, arg in given.items()},
+              "kernels": replaced,
               "all_bit_exact": all(r["mismatching_logprobs"] == 0 for r in rows)}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print("all bit-exact:", result["all_bit_exact"])

@@ -24,7 +24,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_consistency_gpu import MOE_ANSWERS, MOE_PROMPTS  # noqa: E402
 
-from kernels.files import KernelArgError, add_arguments, model_impls  # noqa: E402
+from kernels.files import add_arguments, impls_from_args  # noqa: E402
 from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 from tik_evo.graph_replay import capture_one, tallied  # noqa: E402
 
@@ -60,11 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="model_graphs.json")
     add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
-    try:  # files checked before the GPU, so a wrong argument is named on any machine
-        impls, given = model_impls(args, FAMILIES)
-    except KernelArgError as e:
-        print(f"error: {e}")
+    loaded = impls_from_args(args, FAMILIES)  # before the GPU: a wrong argument is named on any machine
+    if loaded is None:
         return 2
+    impls, replaced = loaded
     if not torch.cuda.is_available():
         print("error: replaying kernels from CUDA graphs needs a CUDA GPU (tests/model/test_graph_replay.py checks the "
               "harness on the CPU)")
@@ -76,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "prompts": list(MOE_PROMPTS), "lens": lens, "runs": [],
-           "kernels": {f: {"from": arg, "knobs": impls[f].KNOBS} for f, arg in given.items()}}
+           "kernels": replaced}
     ok = True
     for name in names:
         shape = MoEShape(**WIDTHS[name], max_pos=max(lens))

@@ -26,8 +26,8 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_peers import torch_impls  # noqa: E402
 
-from kernels.decoder import roots, with_sets  # noqa: E402
-from kernels.files import KernelArgError, add_arguments, model_impls  # noqa: E402
+from kernels.decoder import roots  # noqa: E402
+from kernels.files import add_arguments, impls_from_args  # noqa: E402
 from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 from tik_evo import launch  # noqa: E402
 
@@ -188,20 +188,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip the unified model with Triton's own launch path (tik_evo.launch off)")
     add_arguments(ap, "used in the unified model instead of the family's root")
     args = ap.parse_args(argv)
-    try:  # files checked before the GPU, so a wrong argument is named on any machine
-        unified = (with_sets({"attention": args.attention_set}, "--attention-set", FAMILIES) if args.attention_set
-                   else roots(FAMILIES))
-        unified, given = model_impls(args, FAMILIES, unified)
-    except KernelArgError as e:
-        print(f"error: {e}")
+    loaded = impls_from_args(args, FAMILIES, args.attention_set)  # before the GPU: named on any machine
+    if loaded is None:
         return 2
+    unified, replaced = loaded
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU (the CPU checks of the same model are tests/model/)")
         return 2
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "attention_set": args.attention_set or "root", "configs": {},
-              "kernels": {f: {"from": arg, "knobs": unified[f].KNOBS} for f, arg in given.items()}}
+              "kernels": replaced}
     result["host_us_per_call"] = host_us_per_call()
     print("host us per call:", {k: round(v, 1) for k, v in result["host_us_per_call"].items()}, flush=True)
     for name in args.configs.split(","):

@@ -36,7 +36,7 @@ import triton  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
-from kernels.files import KernelArgError, add_arguments, model_impls  # noqa: E402
+from kernels.files import add_arguments, impls_from_args  # noqa: E402
 from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # benchmarks/model_consistency_gpu.py's
@@ -153,11 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under the interpreter")
     add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
-    try:  # files checked before the GPU, so a wrong argument is named on any machine
-        impls, given = model_impls(args, FAMILIES)
-    except KernelArgError as e:
-        print(f"error: {e}")
+    loaded = impls_from_args(args, FAMILIES)  # before the GPU: a wrong argument is named on any machine
+    if loaded is None:
         return 2
+    impls, replaced = loaded
     if args.smoke:
         from tik_evo import interp
 
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name(0) if device == "cuda" else "cpu (interpreter smoke run)",
               "torch": torch.__version__, "triton": triton.__version__, "configs": {},
-              "kernels": {f: {"from": arg, "knobs": impls[f].KNOBS} for f, arg in given.items()}}
+              "kernels": replaced}
     for name in [c for c in args.configs.split(",") if c] or list(shapes):
         if name not in shapes:
             raise SystemExit(f"--configs: unknown config {name!r} (known: {', '.join(shapes)})")

@@ -93,3 +93,19 @@ def model_impls(args: argparse.Namespace, families: tuple[str, ...],
             raise KernelArgError(f"{k.arg}: {k.family} is already given by {given[k.family]} (one file per family)")
         impls[k.family], given[k.family] = load_source(k.source, f"{k.family}_{k.stem}"), k.arg
     return impls, given
+
+
+def impls_from_args(args: argparse.Namespace, families: tuple[str, ...],
+                    attention_set: str = "") -> tuple[dict[str, ModuleType], dict[str, dict]] | None:
+    """A model benchmark's kernels: the roots (attention as its named set `attention_set`, if given) with the files of
+    --best / --kernel in place, and a record of the replacements ({family: {"from": argument, "knobs": ...}}) for
+    its JSON. None, with the error printed, when an argument cannot be used (before any GPU is needed)."""
+    from kernels.decoder import with_sets
+
+    try:
+        impls = with_sets({"attention": attention_set}, "--attention-set", families) if attention_set else None
+        impls, given = model_impls(args, families, impls)
+    except KernelArgError as e:
+        print(f"error: {e}")
+        return None
+    return impls, {f: {"from": arg, "knobs": impls[f].KNOBS} for f, arg in given.items()}
