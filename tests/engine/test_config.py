@@ -87,3 +87,24 @@ def test_unknown_kernel_is_named(tmp_path):
     from tik_evo.cli import main
 
     assert main(["check", str(write_campaign(tmp_path, kernel="warp_drive"))]) == 2
+
+
+def test_a_foreign_package_named_kernels_is_named_when_families_cannot_be_imported(monkeypatch, tmp_path):
+    # Another installed package may take the import name `kernels` (Hugging Face's, a dependency of transformers
+    # 5); without the editable install's finder the families are then not found, and the error says why.
+    import sys
+    import types
+
+    from tik_evo import families
+
+    foreign = types.ModuleType("kernels")
+    foreign.__file__ = str(tmp_path / "site-packages" / "kernels" / "__init__.py")
+
+    def missing(name):
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    monkeypatch.setattr(families, "importlib", types.SimpleNamespace(import_module=missing))
+    with pytest.raises(families.FamilyError, match="No module named 'kernels.rmsnorm'"):
+        families.load_family("rmsnorm")  # our own `kernels` is the one imported: the plain error
+    monkeypatch.setitem(sys.modules, "kernels", foreign)
+    with pytest.raises(families.FamilyError, match="another installed package has the same import name"):
+        families.load_family("rmsnorm")
