@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--families", default="", help="comma-separated family names (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON results")
-    ap.add_argument("--dry-run", action="store_true", help="CPU interpreter run of the suites that support it")
+    ap.add_argument("--dry-run", action="store_true", help="CPU interpreter run of the suites at tiny sizes (the code paths, no measurement)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from kernels.files import KernelArgError, add_arguments
 
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         if not torch.cuda.is_available():
-            print("tik-evo bench ops needs a CUDA GPU (--dry-run runs the row-wise suite's code paths on the CPU "
-                  "under the Triton interpreter)", file=sys.stderr)
+            print("tik-evo bench ops needs a CUDA GPU (--dry-run runs the suites' code paths on the CPU under the "
+                  "Triton interpreter)", file=sys.stderr)
             return 2
     if extras and wanted is None:
         wanted = list(extras)  # a run's best or a file: its family alone, unless --families says otherwise

@@ -7,6 +7,9 @@ shapes. One run, one JSON file, a short table printed last.
 With `--linear-variants FILE` (a JSON {name: knob changes}) only the linear decode cells (M 1, 64, 256 of the five
 shapes) are timed, each variant against cuBLAS, after its decode rows are checked bit for bit against a full pass.
 
+`--dry-run` runs every code path on the CPU under the Triton interpreter at tiny sizes (`_dry_run_setup`): for CI
+and for checking a change before a GPU session; its times are the interpreter's and mean nothing.
+
 With `--extras JSON` ({family: {label: kernel file}}, as `benchmarks/ops_gpu.py --best / --kernel` pass it) each
 file is checked like the root and timed beside it on every cell of its family (rows named by its label, the
 root timed back to back as "root"); RESULTS["extras"] gives each one's time over the root's per cell.
@@ -24,15 +27,19 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
 import sys
 import time
 import traceback
 from pathlib import Path
 
-import torch
-import triton
-from triton.runtime.errors import OutOfResources
-from triton.testing import do_bench, do_bench_cudagraph
+if "--dry-run" in sys.argv:  # the interpreter must be chosen before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.runtime.errors import OutOfResources  # noqa: E402
+from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,6 +50,14 @@ RESULTS: dict = {"env": {}, "ceilings": {}, "linear": [], "logprob": [], "moe_ro
 ROWS: list[tuple] = []  # (family, workload, impl, time_us, metric)
 DEADLINE = [float("inf")]
 _IMPLS: dict = {}
+DEVICE = "cuda"  # "cpu" with --dry-run: every code path under the interpreter, at SIZES' dry-run values
+# The run's sizes (GPU values); `_dry_run_setup` shrinks them so a CPU run takes seconds.
+SIZES = {"copy": 1 << 30, "matmul": 8192, "linear_rows": 4096, "linear_prefix": 1000,
+         "linear_ms": (1, 2, 3, 7, 16, 33, 64, 100, 128, 255, 256), "vocab": 151936, "logprob_rows": 2048,
+         "logprob_prefix": 700, "logprob_ref": 128, "logprob_bs": (1, 2, 5, 16, 64, 100, 256),
+         "logprob_sweep_rows": 16384, "routing_rows": 32768, "routing_bs": (1, 2, 7, 64, 100, 256),
+         "full_ms": (4096, 16384), "decode_ms": (1, 64, 256), "logprob_full": (4096, 32768),
+         "routing_full": (4096, 32768)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +128,10 @@ def timeit(fn, graph: bool) -> float:
     if time.time() > DEADLINE[0]:
         raise TimeoutError("time budget of this run spent: remaining timings skipped")
     fn()
+    if DEVICE != "cuda":  # a dry run: one call's wall clock (the interpreter's time, not a GPU's)
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
     torch.cuda.synchronize()
     if graph:
         return do_bench_cudagraph(fn, rep=25, return_mode="median") / 1e3
@@ -134,9 +153,9 @@ def cycler(sets, f):
 
 
 def randn(shape, seed, scale=1.0):
-    g = torch.Generator(device="cuda")
+    g = torch.Generator(device=DEVICE)
     g.manual_seed(seed)
-    t = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
+    t = torch.randn(shape, generator=g, device=DEVICE, dtype=torch.bfloat16)
     return t.mul_(scale) if scale != 1.0 else t
 
 
@@ -152,7 +171,7 @@ def record(family, workload, impl, t, **metric):
 
 def copy_time(nbytes: int, graph: bool) -> float:
     """A device copy of the same bytes (read + write): the honest ceiling for small memory-bound launches."""
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=DEVICE).normal_()
     dst = torch.empty_like(src)
     sets = rotating(lambda i: (src,), nbytes, most=1)
     return timeit(cycler(sets, lambda s: dst.copy_(s)), graph)
@@ -193,14 +212,15 @@ def gmean(xs):
 
 @guard("ceilings")
 def ceilings():
-    n = 1 << 30  # 2 GiB of bf16
-    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    n = SIZES["copy"]  # 2 GiB of bf16
+    src = torch.empty(n, dtype=torch.bfloat16, device=DEVICE).normal_()
     dst = torch.empty_like(src)
     t = timeit(lambda: dst.copy_(src), False)
     RESULTS["ceilings"]["copy_TBps"] = 2 * n * 2 / t / 1e12
-    a, b = randn((8192, 8192), 1), randn((8192, 8192), 2)
+    mm = SIZES["matmul"]
+    a, b = randn((mm, mm), 1), randn((mm, mm), 2)
     t = timeit(lambda: a @ b, False)
-    RESULTS["ceilings"]["matmul_TFLOPs"] = 2 * 8192 ** 3 / t / 1e12
+    RESULTS["ceilings"]["matmul_TFLOPs"] = 2 * mm ** 3 / t / 1e12
     print("ceilings", RESULTS["ceilings"], flush=True)
 
 
@@ -216,15 +236,15 @@ LINEAR_DECODE = {"root": {}, "no_full_tiles": {"DECODE_FULL_TILES_M": 0}, "point
 K_CHUNKS = (0, 4096)  # 0: no K split (set explicitly; the root splits at 4096)
 
 
-def _linear_decode_vs_full(impl, x, w, bias, yf, yf32, ms=(1, 2, 3, 7, 16, 33, 64, 100, 128, 255, 256), last=0):
+def _linear_decode_vs_full(impl, x, w, bias, yf, yf32, ms=None, last=0):
     """Mismatches (bf16, fp32) of decode launches of M rows at scattered positions against a full pass's rows
     (and of the `last` rows at the end, where a split full launch puts its second range)."""
     n, bad16, bad32 = w.shape[0], 0, 0
-    for m, at_end in [(m, False) for m in ms] + ([(last, True)] if last else []):
-        rows = (torch.arange(x.shape[0] - m, x.shape[0], device="cuda") if at_end
-                else torch.randperm(x.shape[0], device="cuda")[:m].sort().values)
-        yd = torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
-        yd32 = torch.empty((m, n), dtype=torch.float32, device="cuda")
+    for m, at_end in [(m, False) for m in ms or SIZES["linear_ms"]] + ([(last, True)] if last else []):
+        rows = (torch.arange(x.shape[0] - m, x.shape[0], device=DEVICE) if at_end
+                else torch.randperm(x.shape[0], device=DEVICE)[:m].sort().values)
+        yd = torch.empty((m, n), dtype=torch.bfloat16, device=DEVICE)
+        yd32 = torch.empty((m, n), dtype=torch.float32, device=DEVICE)
         impl.linear_decode(x[rows].contiguous(), w, bias, yd, yd32)
         bad16 += mismatches(yd, yf[rows])
         bad32 += mismatches(yd32, yf32[rows])
@@ -232,29 +252,31 @@ def _linear_decode_vs_full(impl, x, w, bias, yf, yf32, ms=(1, 2, 3, 7, 16, 33, 6
 
 
 def _linear_inputs(n, k):
-    return randn((4096, k), 7), randn((n, k), 8, k ** -0.5), randn((n,), 9)
+    return randn((SIZES["linear_rows"], k), 7), randn((n, k), 8, k ** -0.5), randn((n,), 9)
 
 
-def linear_consistency(knobs: dict, shapes=LINEAR_SHAPES, label: str | None = None):
+def linear_consistency(knobs: dict, shapes=None, label: str | None = None):
     """Decode rows (M = 1..256 at scattered positions) and a 1000-row prefix pass against an M=4096 pass."""
     impl = load("linear", knobs)
+    shapes = shapes or LINEAR_SHAPES
     total = {"bf16": 0, "fp32": 0, "prefix_fp32": 0}
     rels = []
     for _, n, k in shapes:
         x, w, b = _linear_inputs(n, k)
         for bias in (None, b):
-            yf = torch.empty((4096, n), dtype=torch.bfloat16, device="cuda")
-            yf32 = torch.empty((4096, n), dtype=torch.float32, device="cuda")
+            yf = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device=DEVICE)
+            yf32 = torch.empty((x.shape[0], n), dtype=torch.float32, device=DEVICE)
             impl.linear_full(x, w, bias, yf, yf32)
             ref = x.double() @ w.double().t() + (bias.double() if bias is not None else 0)
             rels.append(float((yf32.double() - ref).norm() / ref.norm()))
             bad16, bad32 = _linear_decode_vs_full(impl, x, w, bias, yf, yf32)
             total["bf16"] += bad16
             total["fp32"] += bad32
-            yp = torch.empty((1000, n), dtype=torch.bfloat16, device="cuda")
-            yp32 = torch.empty((1000, n), dtype=torch.float32, device="cuda")
-            impl.linear_full(x[:1000].contiguous(), w, bias, yp, yp32)
-            total["prefix_fp32"] += mismatches(yp32, yf32[:1000])
+            pre = SIZES["linear_prefix"]
+            yp = torch.empty((pre, n), dtype=torch.bfloat16, device=DEVICE)
+            yp32 = torch.empty((pre, n), dtype=torch.float32, device=DEVICE)
+            impl.linear_full(x[:pre].contiguous(), w, bias, yp, yp32)
+            total["prefix_fp32"] += mismatches(yp32, yf32[:pre])
     entry = {"family": "linear", "impl": label or tag(knobs), "shapes": [s[0] for s in shapes],
              "decode_vs_full_bf16_mismatches": total["bf16"], "decode_vs_full_fp32_mismatches": total["fp32"],
              "prefix_vs_full_fp32_mismatches": total["prefix_fp32"], "max_fp32_rel_l2_vs_fp64": max(rels)}
@@ -275,8 +297,8 @@ def linear_decode_consistency(knobs: dict, label: str):
         key = (tag(full_knobs), name)
         if key not in _FULL_PASSES:
             x, w, _ = _linear_inputs(n, k)
-            yf = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device="cuda")
-            yf32 = torch.empty((x.shape[0], n), dtype=torch.float32, device="cuda")
+            yf = torch.empty((x.shape[0], n), dtype=torch.bfloat16, device=DEVICE)
+            yf32 = torch.empty((x.shape[0], n), dtype=torch.float32, device=DEVICE)
             load("linear", full_knobs).linear_full(x, w, None, yf, yf32)
             _FULL_PASSES[key] = (x, w, yf, yf32)
         x, w, yf, yf32 = _FULL_PASSES[key]
@@ -357,7 +379,7 @@ def _small_knobs(k: str) -> bool:
 def _linear_cell(name: str, n: int, k: int, m: int):
     """A cell's workload name, rotated (x, W) input sets and output buffer."""
     sets = rotating(lambda i: (randn((m, k), 10 + i), randn((n, k), 50 + i, k ** -0.5)), (m + n) * k * 2)
-    return f"{name}.M{m}", sets, torch.empty((m, n), dtype=torch.bfloat16, device="cuda")
+    return f"{name}.M{m}", sets, torch.empty((m, n), dtype=torch.bfloat16, device=DEVICE)
 
 
 def _cublas_cell(name: str, n: int, k: int, m: int, graph: bool):
@@ -461,7 +483,8 @@ def bench_linear_full_ab(variants: dict, full_ms=(4096, 16384), repeats: int = 5
         try:
             for _, sets, y in cells:
                 impls[v].linear_full(*sets[0], None, y)
-            torch.cuda.synchronize()
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
         except Exception as e:  # noqa: BLE001 - reported, not fatal
             RESULTS["chosen"].setdefault("linear_full_ab_failed", {})[v] = f"{type(e).__name__}: {e}"[:300]
             print(f"{v}: dropped ({type(e).__name__})", flush=True)
@@ -471,7 +494,7 @@ def bench_linear_full_ab(variants: dict, full_ms=(4096, 16384), repeats: int = 5
         bad = [0, 0]
         for _, sets, y in cells:
             x, w = sets[0]
-            yf, yf32 = torch.empty_like(y), torch.empty(y.shape, dtype=torch.float32, device="cuda")
+            yf, yf32 = torch.empty_like(y), torch.empty(y.shape, dtype=torch.float32, device=DEVICE)
             impls[v].linear_full(x, w, None, yf, yf32)
             for i, b in enumerate(_linear_decode_vs_full(impls[v], x, w, None, yf, yf32, ms=(1, 64, 256), last=256)):
                 bad[i] += b
@@ -506,25 +529,26 @@ def logprob_torch(logits, target, temperature=1.0):
 
 
 def logprob_consistency(knobs: dict, label: str | None = None):
-    V = 151936
+    V, T = SIZES["vocab"], SIZES["logprob_rows"]
     impl = load("logprob", knobs)
-    x = randn((2048, V), 5, 4.0)
-    tg = torch.randint(0, V, (2048,), device="cuda")
+    x = randn((T, V), 5, 4.0)
+    tg = torch.randint(0, V, (T,), device=DEVICE)
     bad, rel = 0, []
     for temp in (1.0, 0.7):
-        outs = [torch.empty(2048, dtype=torch.float32, device="cuda") for _ in range(3)]
+        outs = [torch.empty(T, dtype=torch.float32, device=DEVICE) for _ in range(3)]
         impl.logprob_full(x, tg, temp, *outs)
-        for b in (1, 2, 5, 16, 64, 100, 256):
-            rows = torch.randperm(2048, device="cuda")[:b].sort().values
-            d = [torch.empty(b, dtype=torch.float32, device="cuda") for _ in range(3)]
+        for b in SIZES["logprob_bs"]:
+            rows = torch.randperm(T, device=DEVICE)[:b].sort().values
+            d = [torch.empty(b, dtype=torch.float32, device=DEVICE) for _ in range(3)]
             impl.logprob_decode(x[rows].contiguous(), tg[rows].contiguous(), temp, *d)
             bad += sum(mismatches(a, o[rows]) for a, o in zip(d, outs))
-        part = [torch.empty(700, dtype=torch.float32, device="cuda") for _ in range(3)]
-        impl.logprob_full(x[:700].contiguous(), tg[:700].contiguous(), temp, *part)
-        bad += sum(mismatches(a, o[:700]) for a, o in zip(part, outs))
-        ref_lp, ref_ent = logprob_torch(x[:128].double(), tg[:128], temp)
-        rel += [float((outs[0][:128].double() - ref_lp).norm() / ref_lp.norm()),
-                float((outs[1][:128].double() - ref_ent).norm() / ref_ent.norm())]
+        pre, ref = SIZES["logprob_prefix"], SIZES["logprob_ref"]
+        part = [torch.empty(pre, dtype=torch.float32, device=DEVICE) for _ in range(3)]
+        impl.logprob_full(x[:pre].contiguous(), tg[:pre].contiguous(), temp, *part)
+        bad += sum(mismatches(a, o[:pre]) for a, o in zip(part, outs))
+        ref_lp, ref_ent = logprob_torch(x[:ref].double(), tg[:ref], temp)
+        rel += [float((outs[0][:ref].double() - ref_lp).norm() / ref_lp.norm()),
+                float((outs[1][:ref].double() - ref_ent).norm() / ref_ent.norm())]
     RESULTS["consistency"].append({"family": "logprob", "impl": label or tag(knobs), "temperatures": [1.0, 0.7],
                                    "decode_and_prefix_vs_full_fp32_mismatches": bad, "max_rel_l2_vs_fp64": max(rel)})
     return bad == 0
@@ -538,13 +562,13 @@ LOGPROB_SWEEP = [{}, {"VOCAB_CHUNK": 4096, "FULL_PREFETCH": False, "DECODE_PREFE
 
 
 def _logprob_sets(t_rows, V):
-    return rotating(lambda i: (randn((t_rows, V), 100 + i, 4.0), torch.randint(0, V, (t_rows,), device="cuda")),
+    return rotating(lambda i: (randn((t_rows, V), 100 + i, 4.0), torch.randint(0, V, (t_rows,), device=DEVICE)),
                     t_rows * V * 2)
 
 
 @guard("logprob")
 def bench_logprob(full_ts, decode_bs, eager_max, compile_ts):
-    V = 151936
+    V = SIZES["vocab"]
     copy_bw = RESULTS["ceilings"].get("copy_TBps", 0)
     lp_ent = {}
 
@@ -554,18 +578,19 @@ def bench_logprob(full_ts, decode_bs, eager_max, compile_ts):
 
     def outs(n):
         if n not in lp_ent:
-            lp_ent[n] = (torch.empty(n, dtype=torch.float32, device="cuda"),
-                         torch.empty(n, dtype=torch.float32, device="cuda"))
+            lp_ent[n] = (torch.empty(n, dtype=torch.float32, device=DEVICE),
+                         torch.empty(n, dtype=torch.float32, device=DEVICE))
         return lp_ent[n]
 
     # 1. Sweep the chunk width, warps and pipelining depth on the full path at 16K tokens.
-    sets = _logprob_sets(16384, V)
+    sweep_rows = SIZES["logprob_sweep_rows"]
+    sets = _logprob_sets(sweep_rows, V)
     sweep = {}
     for kn in LOGPROB_SWEEP:
         impl = load("logprob", kn)
-        t = timeit(cycler(sets, lambda x, tg, impl=impl: impl.logprob_full(x, tg, 1.0, *outs(16384))), False)
+        t = timeit(cycler(sets, lambda x, tg, impl=impl: impl.logprob_full(x, tg, 1.0, *outs(sweep_rows))), False)
         sweep[tag(kn)] = (t, kn)
-        rec("full.T16384.V151936", "sweep:" + tag(kn), t, 16384 * V * 2)
+        rec(f"full.T{sweep_rows}.V{V}", "sweep:" + tag(kn), t, sweep_rows * V * 2)
     del sets
     base = min(sweep.values(), key=lambda v: v[0])[1]
     base = {**base, "DECODE_NUM_STAGES": base.get("FULL_NUM_STAGES", 1)}
@@ -627,17 +652,18 @@ def routing_torch(logits, top_k=8):
 def routing_consistency(knobs: dict, label: str | None = None):
     E, K = 128, 8
     impl = load("moe_routing", knobs)
-    x = randn((32768, E), 3, 0.3)  # small scale: many bf16 ties
-    outs = (torch.empty((32768, K), dtype=torch.bfloat16, device="cuda"),
-            torch.empty((32768, K), dtype=torch.int32, device="cuda"),
-            torch.empty((32768, K), dtype=torch.float32, device="cuda"))
+    T = SIZES["routing_rows"]
+    x = randn((T, E), 3, 0.3)  # small scale: many bf16 ties
+    outs = (torch.empty((T, K), dtype=torch.bfloat16, device=DEVICE),
+            torch.empty((T, K), dtype=torch.int32, device=DEVICE),
+            torch.empty((T, K), dtype=torch.float32, device=DEVICE))
     impl.moe_routing_full(x, *outs)
     bad = 0
-    for b in (1, 2, 7, 64, 100, 256):
-        rows = torch.randperm(32768, device="cuda")[:b].sort().values
-        d = (torch.empty((b, K), dtype=torch.bfloat16, device="cuda"),
-             torch.empty((b, K), dtype=torch.int32, device="cuda"),
-             torch.empty((b, K), dtype=torch.float32, device="cuda"))
+    for b in SIZES["routing_bs"]:
+        rows = torch.randperm(T, device=DEVICE)[:b].sort().values
+        d = (torch.empty((b, K), dtype=torch.bfloat16, device=DEVICE),
+             torch.empty((b, K), dtype=torch.int32, device=DEVICE),
+             torch.empty((b, K), dtype=torch.float32, device=DEVICE))
         impl.moe_routing_decode(x[rows].contiguous(), *d)
         bad += sum(mismatches(a, o[rows]) for a, o in zip(d, outs))
     p = torch.softmax(x.double(), -1)
@@ -668,9 +694,9 @@ def bench_routing(full_ts, decode_bs, compile_ts, sweep=None, check_all=False):
     for t_rows in full_ts + decode_bs:
         nbytes = t_rows * E * 2 + t_rows * K * (2 + 4 + 4)
         sets = rotating(lambda i: (randn((t_rows, E), 200 + i),), t_rows * E * 2, 256 << 20, 32)
-        w = torch.empty((t_rows, K), dtype=torch.bfloat16, device="cuda")
-        w32 = torch.empty((t_rows, K), dtype=torch.float32, device="cuda")
-        ids = torch.empty((t_rows, K), dtype=torch.int32, device="cuda")
+        w = torch.empty((t_rows, K), dtype=torch.bfloat16, device=DEVICE)
+        w32 = torch.empty((t_rows, K), dtype=torch.float32, device=DEVICE)
+        ids = torch.empty((t_rows, K), dtype=torch.int32, device=DEVICE)
         wl = f"{'decode.B' if t_rows <= 256 else 'full.T'}{t_rows}.E{E}.k{K}"
 
         def rec(name, t):
@@ -704,6 +730,22 @@ def bench_routing(full_ts, decode_bs, compile_ts, sweep=None, check_all=False):
         routing_consistency(chosen, label="chosen:" + tag(chosen))
 
 
+def _dry_run_setup() -> None:
+    """A CPU run under the Triton interpreter at tiny sizes (every code path, no measurement): for CI and for
+    checking a change before a GPU session."""
+    global DEVICE, LINEAR_SHAPES
+    from tik_evo import interp
+
+    interp.install()
+    DEVICE = "cpu"
+    LINEAR_SHAPES = [("tiny.qkv", 96, 64), ("tiny.down", 64, 160)]
+    del ROUTING_SWEEP[2:], LOGPROB_SWEEP[2:]  # two of each sweep: the loops run, the interpreter's time stays short
+    SIZES.update({"copy": 1 << 16, "matmul": 64, "linear_rows": 300, "linear_prefix": 100, "linear_ms": (1, 3, 7),
+                  "vocab": 1000, "logprob_rows": 300, "logprob_prefix": 70, "logprob_ref": 16, "logprob_bs": (1, 5),
+                  "logprob_sweep_rows": 280, "routing_rows": 300, "routing_bs": (1, 7), "full_ms": (300,),
+                  "decode_ms": (1, 3), "logprob_full": (290,), "routing_full": (300,)})
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="matmul_gpu.json")
@@ -726,14 +768,26 @@ def main(argv=None) -> int:
                     help="comma-separated families to check and time (default: all three)")
     ap.add_argument("--extras", type=json.loads, default={},
                     help="JSON {family: {label: kernel file}}: check these and time them beside the root")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU, the Triton interpreter, tiny sizes: exercises every code path, measures nothing")
     args = ap.parse_args(argv)
+    if args.dry_run:
+        _dry_run_setup()
+    elif DEVICE == "cuda" and not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU (--dry-run runs its code on the CPU)")
+        return 2
     fams = set(args.families.split(","))
+    for value in RESULTS.values():  # a fresh record for each run in this process
+        value.clear()
+    ROWS.clear()
+    EXTRAS.clear()
     for family, files in args.extras.items():
         EXTRAS[family] = [KernelFile(label, path) for label, path in files.items()]
     t0 = time.time()
     DEADLINE[0] = t0 + args.budget_s
-    props = torch.cuda.get_device_properties(0)
-    RESULTS["env"] = {"gpu": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
+    props = torch.cuda.get_device_properties(0) if DEVICE == "cuda" else None
+    RESULTS["env"] = {"gpu": props.name if props else "cpu (interpreter dry run)",
+                      "sms": props.multi_processor_count if props else None, "torch": torch.__version__,
                       "triton": triton.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     print(RESULTS["env"], flush=True)
     if args.linear_full_ab:
@@ -751,13 +805,15 @@ def main(argv=None) -> int:
             for f in EXTRAS.get(fam, []):  # an implementation from elsewhere is always checked on this GPU
                 guard(f"{fam} consistency {f.label}")(checks[fam])(f)
         if "linear" in fams:
-            bench_linear([4096, 16384], [1, 64, 256])
+            bench_linear(list(SIZES["full_ms"]), list(SIZES["decode_ms"]))
         # torch.compile peers were timed in the first run (compile time is too dear for a second lease).
         if "logprob" in fams:
-            bench_logprob([4096, 32768], [1, 64, 256], eager_max=4096, compile_ts=args.compile_logprob)
+            bench_logprob(list(SIZES["logprob_full"]), list(SIZES["decode_ms"]), eager_max=SIZES["logprob_full"][0],
+                          compile_ts=args.compile_logprob if DEVICE == "cuda" else [])
         if "moe_routing" in fams:
             sweep = json.loads(args.routing_variants.read_text()) if args.routing_variants else None
-            bench_routing([4096, 32768], [1, 64, 256], compile_ts=args.compile_routing, sweep=sweep,
+            bench_routing(list(SIZES["routing_full"]), list(SIZES["decode_ms"]),
+                          compile_ts=args.compile_routing if DEVICE == "cuda" else [], sweep=sweep,
                           check_all=sweep is not None)
     summarize_extras()
     RESULTS["env"]["wall_s"] = time.time() - t0

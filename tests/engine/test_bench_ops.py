@@ -99,6 +99,26 @@ def test_bad_arguments_are_refused_naming_them(tmp_path, capsys, args, message):
     assert message in " ".join(capsys.readouterr().err.split())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU form")
+def test_the_matmul_suite_dry_run_checks_and_times_kernel_files_beside_the_root(tmp_path):
+    # linear and moe_routing through `bench ops --dry-run` (the interpreter, tiny sizes): each file's bits are
+    # checked like the root's and it is timed on the root's cells, back to back with it.
+    lin, routing = tmp_path / "lin.py", tmp_path / "routing.py"
+    lin.write_text(_variant("linear", DECODE_USE_TMA=False))
+    routing.write_text(_variant("moe_routing", FULL_BLOCK_T=16))
+    out = tmp_path / "out"
+    assert main(["bench", "ops", "--dry-run", "--kernel", f"linear={lin}", "--kernel", f"moe_routing={routing}",
+                 "--out", str(out)]) == 0
+    result = json.loads((out / "ops_matmul_gpu.json").read_text())
+    assert result["errors"] == []
+    checked = {c["impl"]: c for c in result["consistency"]}
+    assert checked["file_lin"]["decode_vs_full_fp32_mismatches"] == 0
+    assert checked["file_routing"]["decode_vs_full_mismatches"] == 0
+    for family, label, cells in (("linear", "file_lin", 6), ("moe_routing", "file_routing", 3)):
+        e = result["extras"][family][label]
+        assert len(e["vs_root"]) == cells and all(r > 0 for r in e["vs_root"].values())
+
+
 def test_the_matmul_suite_loads_kernel_files_and_reports_them_against_the_root(tmp_path, monkeypatch):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import ops_matmul_gpu as m
