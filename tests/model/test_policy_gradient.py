@@ -11,7 +11,7 @@ from kernels.autograd import KernelOps, RecordingRouting, TorchOps
 from kernels.moe_decoder import MoEDecoder, MoEShape
 
 LENS, PROMPTS = [9, 12, 7], [5, 8, 4]
-GRAD_TOL = 4e-2  # relative L2 per parameter; measured 1.2-2.3% (bf16 activations on both sides)
+GRAD_TOL = 4e-2  # relative L2 per parameter; measured 1.0-2.7% (bf16 activations on both sides)
 
 
 def sequences(seed: int) -> list[torch.Tensor]:
