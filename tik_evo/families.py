@@ -36,9 +36,10 @@ def _shadowed() -> str:
     """Why `kernels.<family>` cannot be imported when another package named `kernels` comes first (Hugging Face's
     `kernels`, which transformers 5 requires, is one), or "" when that is not the cause."""
     found = sys.modules.get("kernels")
-    where = Path(getattr(found, "__file__", None) or ".").resolve().parent
-    if found is None or where == KERNELS_DIR:
+    paths = [Path(p).resolve() for p in getattr(found, "__path__", None) or []]
+    if found is None or KERNELS_DIR in paths:
         return ""
+    where = ", ".join(map(str, paths)) or getattr(found, "__file__", None) or "another module"
     return (f"the package `kernels` imported here is {where}, not tik-evo's {KERNELS_DIR}: another installed "
             "package has the same import name (Hugging Face's `kernels`, which transformers 5 requires, is one). "
             "Install tik-evo editable (`pip install -e`), whose finder resolves the families past it; see the "

@@ -92,19 +92,25 @@ def test_unknown_kernel_is_named(tmp_path):
 def test_a_foreign_package_named_kernels_is_named_when_families_cannot_be_imported(monkeypatch, tmp_path):
     # Another installed package may take the import name `kernels` (Hugging Face's, a dependency of transformers
     # 5); without the editable install's finder the families are then not found, and the error says why.
+    import re
     import sys
     import types
 
     from tik_evo import families
 
-    foreign = types.ModuleType("kernels")
-    foreign.__file__ = str(tmp_path / "site-packages" / "kernels" / "__init__.py")
+    def package(folder):  # a stand-in for the package `kernels` found first, by where it lives
+        module = types.ModuleType("kernels")
+        module.__path__ = [str(folder)]
+        return module
 
     def missing(name):
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
     monkeypatch.setattr(families, "importlib", types.SimpleNamespace(import_module=missing))
+    monkeypatch.setitem(sys.modules, "kernels", package(families.KERNELS_DIR))
     with pytest.raises(families.FamilyError, match="No module named 'kernels.rmsnorm'"):
-        families.load_family("rmsnorm")  # our own `kernels` is the one imported: the plain error
-    monkeypatch.setitem(sys.modules, "kernels", foreign)
-    with pytest.raises(families.FamilyError, match="another installed package has the same import name"):
+        families.load_family("rmsnorm")  # tik-evo's own `kernels` is the one imported: the plain error
+    foreign = tmp_path / "site-packages" / "kernels"
+    monkeypatch.setitem(sys.modules, "kernels", package(foreign))
+    expected = f"imported here is {re.escape(str(foreign.resolve()))}, not tik-evo's .*another installed"
+    with pytest.raises(families.FamilyError, match=expected):
         families.load_family("rmsnorm")
