@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the backward cells (the root's dW tile and DW_TILES against torch._grouped_mm)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("error: this benchmark needs a CUDA GPU (the grouped launch's CPU checks are in tests/kernels/)")
+        print("error: this benchmark needs a CUDA GPU (the grouped launch's CPU checks are in tests/families/)")
         return 2
     deadline = time.time() + args.budget_s
     variants = {"root": {}}

@@ -36,7 +36,7 @@ def test_every_family_has_a_campaign():
 
 # The root of every family through the engine's whole audit (subprocess, checks, benches, fresh inputs) on its
 # CPU workload set. Attention is left out here: its audit takes minutes under the interpreter, and
-# tests/kernels/test_attention.py covers its benches.
+# tests/families/test_attention.py covers its benches.
 AUDITED = [n for n in available() if n != "attention" and (ROOT / "workloads" / f"{n}_cpu.yaml").exists()]
 
 
