@@ -2,8 +2,8 @@
 `tik-evo show RUN best -o FILE`) and `--best RUN_DIR` (a search's best, read from its IR store).
 
 Each is read and its KNOBS checked against its family's knob space before anything runs, so a wrong path,
-family or knob is named at once. The model benchmarks put them in place of the roots (`model_impls`); the
-operator benchmark times them beside the roots.
+family or knob is named at once. The model benchmarks put them in place of the roots (`impls_from_args`,
+`model_impls`); the operator benchmark times them beside the roots (`benchmarks/ops_gpu.py`).
 """
 
 from __future__ import annotations
