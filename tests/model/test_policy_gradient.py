@@ -109,6 +109,9 @@ def test_a_policy_step_profile_splits_by_family_and_direction():
         p.requires_grad_(True)
     fams = policy.breakdown(m, sequences(3), PROMPTS, "cpu")["families"]
     calls = {k: v["calls"] for k, v in fams.items()}
+    # its step timing runs ours and the torch trainer's model (native dtypes) alike; on the CPU it records no times
+    steps = policy.step_times(m, sequences(3), PROMPTS, 1, "cpu")
+    assert {k: v["ms_all"] for k, v in steps.items()} == {"unified": [], "torch": []}
     for direction in ("fwd", "bwd"):
         assert calls[f"linear.{direction}"] == 2 * 5 + 1
         assert calls[f"attention.{direction}"] == 2 * len(LENS)
