@@ -80,12 +80,10 @@ def with_root(family: str) -> list:
 def load(family: str, knobs: dict | KernelFile | None = None):
     """The family's root with some KNOBS entries replaced (or a KernelFile's source), imported from a real file
     (Triton needs one)."""
-    if isinstance(knobs, KernelFile):
-        key, src = (family, knobs.path), None
-    else:
-        key, src = (family, tuple(sorted((knobs or {}).items()))), ""
+    from_file = isinstance(knobs, KernelFile)
+    key = (family, knobs.path) if from_file else (family, tuple(sorted((knobs or {}).items())))
     if key not in _IMPLS:
-        if src is None:
+        if from_file:
             src = Path(knobs.path).read_text()
         else:
             importlib.import_module(f"kernels.{family}").FAMILY.check_knobs(knobs or {}, f"{family} variant {knobs}")

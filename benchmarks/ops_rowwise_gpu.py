@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tik_evo import checks  # noqa: E402
+from tik_evo.candidate import load_module  # noqa: E402
 from tik_evo.timing import graph_replay_us  # noqa: E402
 
 FAMILIES = ("rmsnorm", "add_rmsnorm", "silu_mul", "rope", "qk_rmsnorm", "embedding", "kv_append")
@@ -178,15 +179,7 @@ def sweep(families, out_dir: Path) -> dict:
 
 
 def load_root(family: str):
-    return load_path(ROOT / "kernels" / family / "root.py", f"root_{family}")
-
-
-def load_path(path: Path, name: str):
-    """A kernel file as a module of its own (Triton needs the source in a real file)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_module(ROOT / "kernels" / family / "root.py", f"root_{family}")
 
 
 def load_liger():
@@ -437,7 +430,7 @@ def load_extras(family: str, fam, extras: dict[str, str], res: dict) -> dict:
         info = res.setdefault("extras", {})[label] = {"path": path}
         t0 = time.time()
         try:
-            mod = load_path(Path(path), f"{family}_{label}")
+            mod = load_module(Path(path), f"{family}_{label}")
             info["knobs"] = dict(mod.KNOBS)
             info["consistency"] = gpu_consistency(family, fam, mod)
             mods[label] = mod
