@@ -85,6 +85,19 @@ def close_executors() -> None:
     _executors.clear()
 
 
+def worker_devices(env: dict[str, str], gpu_index: int) -> str:
+    """CUDA_VISIBLE_DEVICES pinning a worker to this process's device `gpu_index`. Indices are logical: under
+    CUDA_VISIBLE_DEVICES=4,5 index 1 is physical GPU 5 (entries may also be UUIDs or MIG names)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(gpu_index)
+    entries = [v.strip() for v in visible.split(",") if v.strip()]
+    if not 0 <= gpu_index < len(entries):
+        raise ValueError(f"evaluate.gpu_index={gpu_index} but CUDA_VISIBLE_DEVICES={visible!r} makes "
+                         f"{len(entries)} device(s) visible")
+    return entries[gpu_index]
+
+
 def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
     t_start = time.time()
     out = AuditOutcome()
@@ -123,7 +136,7 @@ def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-        env["CUDA_VISIBLE_DEVICES"] = str(job.gpu_index)
+        env["CUDA_VISIBLE_DEVICES"] = worker_devices(env, job.gpu_index)
     timeout = float(job.evaluate.get("timeout_s", 300))
     rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", timeout)
 
@@ -135,7 +148,7 @@ def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
     out.seconds = time.time() - t_start
     if timed_out:
         out.failure_kind = "timeout"
-        out.failure = f"worker killed after {timeout:.0f} s (evaluate.timeout_s); last stage: {_last(out)}"
+        out.failure = f"worker killed after {timeout:g} s (evaluate.timeout_s); last stage: {_last(out)}"
     elif data.get("done") and rc == 0:
         out.passed = True
     elif rc < 0:

@@ -111,17 +111,26 @@ def _refuse_existing(run_dir: Path) -> None:
                           f"it, or pass store.path=<new dir>")
 
 
-def run_campaign(cfg, quiet: bool) -> Path:
-    """Initialize a new run from the campaign and search until a stop condition; returns the run directory."""
-    from tik_evo.initialization import initialize, resolve_device, start_changes
+def prepare(cfg):
+    """The campaign's family and workloads, with everything that can be checked before a run directory exists
+    (workloads, the start's knob changes, the family's root and knob space) checked."""
+    from tik_evo.initialization import start_changes
     from tik_evo.workloads import resolve_workloads
 
     family = _family(cfg)
     workloads = resolve_workloads(cfg, family)
-    start_changes(cfg, family)  # a bad start fails here, before a run directory exists
+    start_changes(cfg, family)
     problems = check_family(family)
     if problems:
         raise ConfigError("; ".join(problems))
+    return family, workloads
+
+
+def run_campaign(cfg, quiet: bool) -> Path:
+    """Initialize a new run from the campaign and search until a stop condition; returns the run directory."""
+    from tik_evo.initialization import initialize, resolve_device
+
+    family, workloads = prepare(cfg)
     run_dir = Path(cfg.store.path)
     _refuse_existing(run_dir)
     device, facts, warnings = resolve_device(cfg)
@@ -211,23 +220,66 @@ def cmd_sweep(args) -> int:
     combos = sweep.combinations(swept)
     base_cfg = load_campaign(args.campaign, fixed)
     sweep_dir = Path(args.dir or f"{base_cfg.store.path}-sweep")
-    cfgs = [load_campaign(args.campaign, [*fixed, *(f"{k}={v}" for k, v in c.items()),
-                                          f"store.path={sweep_dir / sweep.run_name(c)}"]) for c in combos]
-    console.print(f"sweep of {len(combos)} runs into {sweep_dir}")
-    for i, (combo, cfg) in enumerate(zip(combos, cfgs)):
-        run_dir = Path(cfg.store.path)
-        console.rule(f"run {i + 1}/{len(combos)}: {sweep.run_name(combo)}")
-        if not (run_dir / "ir.lmdb").exists():
-            run_campaign(cfg, args.quiet)
-            continue
-        with Store.open_reader(run_dir) as store:
-            finished = store.state().get("finished")
-        if not finished:
-            resume_run(run_dir, [], args.quiet)  # a sweep killed midway continues where it stopped
-    rows = [sweep.summary(Path(c.store.path)) for c in cfgs]
-    out.print(sweep.table(rows, [sweep.run_name(c) for c in combos]))
-    console.print(f"summary: {sweep.write_summary(sweep_dir, rows, combos)}")
-    return 0
+    runs = [sweep.SweepRun(sweep.run_name(c), sweep_dir / sweep.run_name(c),
+                           [args.campaign, *fixed, *(f"{k}={v}" for k, v in c.items()),
+                            f"store.path={sweep_dir / sweep.run_name(c)}"]) for c in combos]
+    cfgs = [load_campaign(r.run_args[0], r.run_args[1:]) for r in runs]
+    for cfg in cfgs:
+        prepare(cfg)  # every run's campaign is checked before the first starts
+    slots = _sweep_slots(args, base_cfg)
+    console.print(f"sweep of {len(combos)} runs into {sweep_dir}"
+                  + (f", {len(slots)} at a time" if slots else ""))
+    for run in runs:
+        if (run.run_dir / "ir.lmdb").exists():
+            with Store.open_reader(run.run_dir) as store:
+                if store.state().get("finished"):
+                    run.status = "kept"
+    if slots:
+        sweep.run_concurrently(runs, slots, console, live=not args.quiet)
+    else:
+        for i, (run, cfg) in enumerate(zip(runs, cfgs)):
+            console.rule(f"run {i + 1}/{len(runs)}: {run.name}")
+            if run.status == "queued" and not (run.run_dir / "ir.lmdb").exists():
+                run_campaign(cfg, args.quiet)
+            elif run.status == "queued":
+                resume_run(run.run_dir, [], args.quiet)  # a sweep killed midway continues where it stopped
+            run.status = "done" if run.status == "queued" else run.status
+    kept = [(c, r) for c, r in zip(combos, runs) if (r.run_dir / "ir.lmdb").exists()]
+    rows = [{**sweep.summary(r.run_dir), "status": r.status} for _, r in kept]
+    out.print(sweep.table(rows, [r.name for _, r in kept]))
+    console.print(f"summary: {sweep.write_summary(sweep_dir, rows, [c for c, _ in kept])}")
+    failed = [r for r in runs if r.status == "failed"]
+    for r in failed:
+        console.print(f"[red]failed:[/] {r.name} (exit {r.rc}); the end of {r.run_dir / 'run.log'}:\n{r.log_tail()}")
+    return 1 if failed else 0
+
+
+def _sweep_slots(args, cfg) -> list:
+    """Concurrent slots for `--gpus` / `--jobs`, or [] to run one after another in this process."""
+    from tik_evo import sweep
+    from tik_evo.initialization import resolve_device
+
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs {args.jobs}: must be at least 1")
+    if args.gpus is None:
+        if args.jobs == 1:
+            return []
+        if resolve_device(cfg)[0] == "cuda":
+            raise ConfigError(f"--jobs {args.jobs}: these runs time their kernels on a GPU, and runs sharing one "
+                              f"GPU time each other's kernels; give each run its own with --gpus 0,1,...")
+        return sweep.slots(None, args.jobs)
+    try:
+        gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
+    except ValueError:
+        raise ConfigError(f"--gpus {args.gpus!r}: expected comma-separated device indices, e.g. 0,1,2,3") from None
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    bad = [g for g in gpus if not 0 <= g < count]
+    if not gpus or bad or len(set(gpus)) != len(gpus):
+        raise ConfigError(f"--gpus {args.gpus!r}: {count} CUDA device(s) are visible (indices 0..{count - 1} within "
+                          f"CUDA_VISIBLE_DEVICES); each index may appear once")
+    return sweep.slots(gpus, len(gpus))
 
 
 def cmd_compare(args) -> int:
@@ -406,6 +458,10 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("campaign")
     r.add_argument("overrides", nargs="+", help="e.g. ablation.evidence=true,false search.seed=0,1")
     r.add_argument("--dir", help="where the runs go (default: <store.path>-sweep)")
+    r.add_argument("--gpus", help="run concurrently, one run per listed GPU (e.g. 0,1,2,3); each run's audits go "
+                                  "to its GPU, and each run gets an equal share of the CPUs")
+    r.add_argument("--jobs", type=int, default=1,
+                   help="runs at once without --gpus (interpreter runs only: runs on one GPU would time each other)")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(fn=cmd_sweep)
     r = sub.add_parser("compare", help="compare finished or running runs side by side")

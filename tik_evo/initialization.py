@@ -5,6 +5,7 @@ Search starts only from a root that compiles, passes every check and is fully me
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -46,7 +47,12 @@ def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
         if name.lower() not in ("any", "cpu"):
             warnings.append(f"no CUDA device: running campaign for {name} under the Triton interpreter")
         return "cpu", facts, warnings
-    actual = torch.cuda.get_device_name(cfg.evaluate.gpu_index)
+    count, index = torch.cuda.device_count(), cfg.evaluate.gpu_index
+    if not 0 <= index < count:
+        raise ConfigError(f"{cfg.source_file}: key 'evaluate.gpu_index': {index}, but {count} CUDA device(s) are "
+                          f"visible (indices count from 0 within CUDA_VISIBLE_DEVICES="
+                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    actual = torch.cuda.get_device_name(index)
     facts["actual_gpu"] = actual
     if name.lower() not in ("any", "cpu") and name.lower() not in actual.lower():
         msg = f"campaign {cfg.name!r} was written for {name} but this GPU is {actual!r}"

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tik_evo.audit import AuditJob, run_audit
+from tik_evo.audit import AuditJob, run_audit, worker_devices
 from tik_evo.families import load_family
 from tik_evo.knobs import read_knobs, write_knobs
 from tik_evo.store import source_hash
@@ -209,7 +209,7 @@ def test_missing_entry_point(tmp_path, missing):
 HANG_AUDIT = """
 import sys
 from pathlib import Path
-from tik_evo.audit import AuditJob, run_audit
+from tik_evo.audit import AuditJob, run_audit, worker_devices
 from tik_evo.families import load_family
 from tik_evo.store import source_hash
 
@@ -245,3 +245,30 @@ def test_kill_9_of_the_engine_takes_the_audit_down(tmp_path, executor):
     while _audit_processes(tmp_path / "audits") and time.time() < deadline:
         time.sleep(0.2)
     assert not _audit_processes(tmp_path / "audits")
+
+
+@pytest.mark.parametrize("visible, index, pinned", [
+    (None, 2, "2"), ("4,5", 1, "5"), ("GPU-aa, GPU-bb", 0, "GPU-aa"), ("MIG-x", 0, "MIG-x")])
+def test_worker_is_pinned_through_the_engines_visible_devices(visible, index, pinned):
+    env = {} if visible is None else {"CUDA_VISIBLE_DEVICES": visible}
+    assert worker_devices(env, index) == pinned
+
+
+def test_a_gpu_index_outside_the_visible_devices_is_named():
+    with pytest.raises(ValueError, match="evaluate.gpu_index=2 .* 2 device"):
+        worker_devices({"CUDA_VISIBLE_DEVICES": "4,5"}, 2)
+
+
+def test_resolve_device_names_a_gpu_index_that_is_not_visible(monkeypatch, tmp_path):
+    import torch
+
+    from tik_evo.config import ConfigError, load_campaign
+    from tik_evo.initialization import resolve_device
+
+    from .helpers import write_campaign
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cfg = load_campaign(write_campaign(tmp_path), ["evaluate.gpu_index=2"])
+    with pytest.raises(ConfigError, match="key 'evaluate.gpu_index': 2, but 2 CUDA device"):
+        resolve_device(cfg)

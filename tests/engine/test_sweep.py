@@ -1,11 +1,12 @@
 """Ablation sweeps by overrides: axes parsing, and a tiny two-run sweep end to end."""
 
 import json
+import os
 
 import pytest
 
 from tik_evo.cli import main
-from tik_evo.sweep import axes, combinations, run_name
+from tik_evo.sweep import axes, combinations, run_name, slots
 
 from .helpers import write_campaign
 
@@ -38,3 +39,59 @@ def test_two_run_sweep(tmp_path, capsys):
     assert main(["sweep", str(campaign), "search.sampler=tpe,random", "--dir", str(tmp_path / "sw"), "--quiet"]) == 0
     assert (tmp_path / "sw" / "sampler=tpe" / "ir.lmdb" / "data.mdb").stat().st_mtime == before
     assert main(["compare", str(tmp_path / "sw" / "sampler=tpe"), str(tmp_path / "sw" / "sampler=random")]) == 0
+
+
+def test_concurrent_slots_share_the_cpus_disjointly():
+    cpus = sorted(os.sched_getaffinity(0))
+    two = slots(None, 2)
+    assert [s.gpu for s in two] == [None, None]
+    if len(cpus) >= 2:
+        assert two[0].cpus and two[1].cpus and not two[0].cpus & two[1].cpus
+        assert two[0].cpus | two[1].cpus <= set(cpus)
+    many = slots([3, 1], 2)
+    assert [s.gpu for s in many] == [3, 1]
+    assert all(s.cpus is None for s in slots(None, len(cpus) + 1))  # fewer CPUs than runs: no pinning
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--gpus", "0"], "0 CUDA device(s) are visible"),
+    (["--gpus", "a,b"], "--gpus 'a,b': expected comma-separated device indices"),
+    (["--jobs", "0"], "--jobs 0: must be at least 1"),
+])
+def test_bad_concurrency_flags_are_named(tmp_path, capsys, flags, message):
+    assert main(["sweep", str(write_campaign(tmp_path)), "search.seed=0,1", "--dir", str(tmp_path / "sw"),
+                 *flags]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())  # rich wraps lines
+    assert not (tmp_path / "sw").exists()  # nothing started
+
+
+def test_jobs_on_one_gpu_are_refused(tmp_path, capsys, monkeypatch):
+    import tik_evo.initialization as init
+
+    monkeypatch.setattr(init, "resolve_device", lambda cfg: ("cuda", {}, []))
+    assert main(["sweep", str(write_campaign(tmp_path)), "search.seed=0,1", "--jobs", "2"]) == 2
+    assert "runs sharing one GPU time each other's kernels" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_bad_value_in_any_run_is_refused_before_the_first_starts(tmp_path, capsys):
+    campaign = write_campaign(tmp_path)
+    # The second run's start asks for a value the knob does not have: only the family's knob space says so.
+    assert main(["sweep", str(campaign), "start.knobs.BLOCK_H=256,7", "--jobs", "2",
+                 "--dir", str(tmp_path / "sw")]) == 2
+    assert "BLOCK_H" in capsys.readouterr().err
+    assert not (tmp_path / "sw").exists()
+
+
+@pytest.mark.slow
+def test_concurrent_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path, capsys):
+    campaign = write_campaign(tmp_path, search={"max_evaluations": 1})
+    sw = tmp_path / "sw"
+    # A root audit cannot finish in 10 ms: that run fails in its child process, the other completes.
+    assert main(["sweep", str(campaign), "evaluate.timeout_s=0.01,120", "--jobs", "2", "--dir", str(sw),
+                 "--quiet"]) == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert "failed: timeout_s=0.01 (exit 1)" in err and "failed its audit (timeout)" in err
+    rows = {r["overrides"]["evaluate.timeout_s"]: r for r in json.loads((sw / "sweep.json").read_text())}
+    assert rows["120"]["status"] == "done" and rows["120"]["evaluations"] == 1 and rows["120"]["finished"]
+    assert rows["0.01"]["status"] == "failed" and rows["0.01"]["evaluations"] == 0
+    assert "root verified" in (sw / "timeout_s=120" / "run.log").read_text()
