@@ -284,9 +284,14 @@ def _sweep_slots(args, cfg) -> list:
 
 def cmd_compare(args) -> int:
     from tik_evo import sweep
+    from tik_evo.store import runs_under
 
-    rows = [sweep.summary(Path(d)) for d in args.run_dirs]
-    out.print(sweep.table(rows, list(args.run_dirs)))
+    dirs, labels = [], []
+    for d in map(Path, args.run_dirs):  # a sweep's directory stands for its runs, labelled by their names
+        inside = [] if (d / "ir.lmdb").exists() else runs_under(d)
+        dirs += inside or [d]
+        labels += [r.name for r in inside] or [str(d)]
+    out.print(sweep.table([sweep.summary(d) for d in dirs], labels))
     return 0
 
 
@@ -422,6 +427,8 @@ def cmd_plot(args) -> int:
         plot(run_dir, output)
     except ImportError as e:
         raise ConfigError(f"plotting needs matplotlib: pip install -e '.[plot]' ({e})") from e
+    except OSError as e:
+        raise ConfigError(f"-o {output}: {e.strerror or e}") from None
     console.print(f"wrote {output}")
     return 0
 
@@ -465,7 +472,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(fn=cmd_sweep)
     r = sub.add_parser("compare", help="compare finished or running runs side by side")
-    r.add_argument("run_dirs", nargs="+")
+    r.add_argument("run_dirs", nargs="+", help="run directories, or a sweep's directory for all its runs")
     r.set_defaults(fn=cmd_compare)
     r = sub.add_parser("show", help="one implementation: source diff, checks, measurements")
     r.add_argument("run_dir")

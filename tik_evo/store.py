@@ -92,6 +92,14 @@ class Txn:
         self._t.put(f"{n:09d}".encode(), json.dumps(payload).encode(), db=db)
 
 
+def runs_under(directory: Path) -> list[Path]:
+    """The run directories directly inside `directory` (a sweep's), sorted by name."""
+    try:
+        return sorted(d for d in Path(directory).iterdir() if (d / "ir.lmdb").is_dir())
+    except OSError:
+        return []
+
+
 class Store:
     """Open with :meth:`create`, :meth:`open_writer` or :meth:`open_reader`."""
 
@@ -103,7 +111,9 @@ class Store:
         if writer:
             self._acquire_lock()
         elif not path.exists():
-            raise StoreError(f"{self.run_dir}: no IR store here (expected {path}); is this a run directory?")
+            hint = ("it holds a sweep's runs: `tik-evo compare` takes the sweep directory" if runs_under(self.run_dir)
+                    else "is this a run directory?")
+            raise StoreError(f"{self.run_dir}: no IR store here (expected {path}); {hint}")
         try:
             self._env = lmdb.open(str(path), map_size=MAP_SIZE, max_dbs=len(DB_NAMES) + 1,
                                   readonly=not writer, lock=True, subdir=True)

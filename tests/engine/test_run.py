@@ -61,6 +61,7 @@ def test_quickstart_end_to_end(tmp_path, capsys):
         assert main(cmd) == 0, cmd
     assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 0
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["plot", str(run), "-o", str(tmp_path / "no-such-dir" / "p.png")]) == 2  # named, no traceback
     from tik_evo.plot import series
 
     with Store.open_reader(run) as s:

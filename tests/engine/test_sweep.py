@@ -95,3 +95,9 @@ def test_concurrent_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path,
     assert rows["120"]["status"] == "done" and rows["120"]["evaluations"] == 1 and rows["120"]["finished"]
     assert rows["0.01"]["status"] == "failed" and rows["0.01"]["evaluations"] == 0
     assert "root verified" in (sw / "timeout_s=120" / "run.log").read_text()
+    # The sweep's directory stands for its runs in `compare`; `status` says to use that.
+    capsys.readouterr()
+    assert main(["compare", str(sw)]) == 0
+    assert capsys.readouterr().out.count("timeout_s=") == 2  # both runs, by name (rich may fold the rest)
+    assert main(["status", str(sw)]) == 2
+    assert "holds a sweep's runs" in " ".join(capsys.readouterr().err.split())
