@@ -276,6 +276,9 @@ def _sweep_slots(args, cfg) -> list:
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     bad = [g for g in gpus if not 0 <= g < count]
+    if not count:
+        raise ConfigError(f"--gpus {args.gpus!r}: no CUDA device is visible (under the interpreter, --jobs N runs "
+                          f"N at once)")
     if not gpus or bad or len(set(gpus)) != len(gpus):
         raise ConfigError(f"--gpus {args.gpus!r}: {count} CUDA device(s) are visible (indices 0..{count - 1} within "
                           f"CUDA_VISIBLE_DEVICES); each index may appear once")
@@ -367,6 +370,11 @@ def cmd_bench(args) -> int:
         try:
             module = importlib.import_module(f"kernels.{args.family}.bench")
         except ModuleNotFoundError as e:
+            from tik_evo.families import available
+
+            if args.family not in available():
+                raise ConfigError(f"tik-evo bench: {args.family!r} is neither a suite ({', '.join(SUITES)}) nor a "
+                                  f"kernel family ({', '.join(available())})") from e
             raise ConfigError(f"family {args.family!r} has no benchmark of its own (kernels/{args.family}/bench.py);"
                               f" operator families are benchmarked together: `tik-evo bench ops --families "
                               f"{args.family}`") from e

@@ -181,6 +181,8 @@ def test_bench_runs_the_model_suites_and_says_when_there_is_no_gpu(capsys):
     assert "needs a CUDA GPU" in capsys.readouterr().out
     assert main(["bench", "silu_mul"]) == 2
     assert "tik-evo bench ops --families silu_mul" in " ".join(capsys.readouterr().err.split())
+    assert main(["bench", "silu"]) == 2
+    assert "'silu' is neither a suite (ops, model" in " ".join(capsys.readouterr().err.split())
 
 
 def test_a_root_whose_graph_replays_differ_stops_the_run_and_names_the_stage(tmp_path, monkeypatch, capsys):

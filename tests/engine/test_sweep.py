@@ -54,7 +54,7 @@ def test_concurrent_slots_share_the_cpus_disjointly():
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--gpus", "0"], "0 CUDA device(s) are visible"),
+    (["--gpus", "0"], "--gpus '0': no CUDA device is visible"),
     (["--gpus", "a,b"], "--gpus 'a,b': expected comma-separated device indices"),
     (["--jobs", "0"], "--jobs 0: must be at least 1"),
 ])
