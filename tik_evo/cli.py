@@ -442,10 +442,18 @@ def cmd_plot(args) -> int:
 
 
 def cmd_tui(args) -> int:
+    from tik_evo.store import runs_under
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "ir.lmdb").exists() and runs_under(run_dir):
+        from tui.sweep import run_sweep_tui
+
+        run_sweep_tui(run_dir)  # a sweep's directory: its runs in one table
+        return 0
     from tui.app import run_tui
 
-    Store.open_reader(Path(args.run_dir)).close()  # fail early with a clear message
-    run_tui(Path(args.run_dir))
+    Store.open_reader(run_dir).close()  # fail early with a clear message
+    run_tui(run_dir)
     return 0
 
 
@@ -465,7 +473,7 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_resume)
     for name, fn, help_ in (("status", cmd_status, "best, speed-ups, κ, budgets"),
                             ("lineage", cmd_lineage, "the derivation tree"),
-                            ("tui", cmd_tui, "watch a run (live or finished)")):
+                            ("tui", cmd_tui, "watch a run (live or finished), or a sweep's runs")):
         r = sub.add_parser(name, help=help_)
         r.add_argument("run_dir")
         r.set_defaults(fn=fn)

@@ -111,7 +111,8 @@ class Store:
         if writer:
             self._acquire_lock()
         elif not path.exists():
-            hint = ("it holds a sweep's runs: `tik-evo compare` takes the sweep directory" if runs_under(self.run_dir)
+            hint = ("it holds a sweep's runs: `tik-evo compare` and `tik-evo tui` take the sweep directory"
+                    if runs_under(self.run_dir)
                     else "is this a run directory?")
             raise StoreError(f"{self.run_dir}: no IR store here (expected {path}); {hint}")
         try:

@@ -61,6 +61,19 @@ def summary(run_dir: Path) -> dict[str, Any]:
             "finished": (st.get("finished") or {}).get("reason")}
 
 
+def run_state(run_dir: Path, finished: str | None) -> str:
+    """"finished: <reason>", "running" (its writer's pid is alive) or "stopped", read from files only: probing
+    the writer's lock could refuse a run that starts at that moment."""
+    if finished:
+        return f"finished: {finished}"
+    try:
+        pid = int((run_dir / "writer.lock").read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return "stopped"
+    return "running"
+
+
 def table(rows: list[dict[str, Any]], labels: list[str]) -> Table:
     t = Table(title="speed-up = T(root) / T(best), each run on its own timings; * = not finished")
     for col in ("run", "evals", "speed-up", "best", "κ", "fails", "tokens", "USD", "wall s"):
