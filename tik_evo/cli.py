@@ -245,7 +245,8 @@ def cmd_sweep(args) -> int:
                 resume_run(run.run_dir, [], args.quiet)  # a sweep killed midway continues where it stopped
             run.status = "done" if run.status == "queued" else run.status
     kept = [(c, r) for c, r in zip(combos, runs) if (r.run_dir / "ir.lmdb").exists()]
-    rows = [{**sweep.summary(r.run_dir), "status": r.status} for _, r in kept]
+    rows = [{**sweep.summary(r.run_dir), "status": r.status, "gpu_index": r.slot.gpu if r.slot else None}
+            for _, r in kept]
     out.print(sweep.table(rows, [r.name for _, r in kept]))
     console.print(f"summary: {sweep.write_summary(sweep_dir, rows, [c for c, _ in kept])}")
     failed = [r for r in runs if r.status == "failed"]

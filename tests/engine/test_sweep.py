@@ -93,6 +93,7 @@ def test_concurrent_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path,
     assert "failed: timeout_s=0.01 (exit 1)" in err and "failed its audit (timeout)" in err
     rows = {r["overrides"]["evaluate.timeout_s"]: r for r in json.loads((sw / "sweep.json").read_text())}
     assert rows["120"]["status"] == "done" and rows["120"]["evaluations"] == 1 and rows["120"]["finished"]
+    assert rows["120"]["gpu_index"] is None  # interpreter runs: no GPU
     assert rows["0.01"]["status"] == "failed" and rows["0.01"]["evaluations"] == 0
     assert "root verified" in (sw / "timeout_s=120" / "run.log").read_text()
     # The sweep's directory stands for its runs in `compare`; `status` says to use that.
@@ -101,3 +102,15 @@ def test_concurrent_sweep_reports_a_failed_run_and_finishes_the_others(tmp_path,
     assert capsys.readouterr().out.count("timeout_s=") == 2  # both runs, by name (rich may fold the rest)
     assert main(["status", str(sw)]) == 2
     assert "holds a sweep's runs" in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_run_on_a_gpu_slot_is_started_with_that_index_and_resumed_in_place(tmp_path):
+    from tik_evo.sweep import Slot, SweepRun
+
+    run = SweepRun("seed=0", tmp_path / "seed=0", ["c.yaml", "search.seed=0", f"store.path={tmp_path / 'seed=0'}"])
+    run.slot = Slot(3, None)
+    argv = run.argv()
+    assert argv[argv.index("run"):] == ["run", "c.yaml", "search.seed=0", f"store.path={tmp_path / 'seed=0'}",
+                                       "evaluate.gpu_index=3", "--quiet"]
+    (tmp_path / "seed=0" / "ir.lmdb").mkdir(parents=True)  # killed midway: the next sweep resumes it
+    assert run.argv()[-4:] == ["resume", str(tmp_path / "seed=0"), "evaluate.gpu_index=3", "--quiet"]
