@@ -11,6 +11,7 @@ import atexit
 import json
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ class AuditJob:
     gpu_index: int = 0
     best_source_hash: str | None = None
     time: bool = True
+    slot: int = 0  # which of the concurrent audits this is: each slot has its own executor (fork server)
 
 
 def source_file(run_dir: Path, source_hash: str, text: str) -> Path:
@@ -62,6 +64,7 @@ def source_file(run_dir: Path, source_hash: str, text: str) -> Path:
 
 
 _executors: dict[tuple, object] = {}
+_executors_lock = threading.Lock()
 
 
 def executor_for(job: AuditJob, env: dict[str, str]):
@@ -72,17 +75,28 @@ def executor_for(job: AuditJob, env: dict[str, str]):
         # the GPU; each forked job initialises its own context). Measured on an H200: 42 audits, mean 17-21 s
         # against 30 s with a fresh interpreter per audit.
         kind = "forkserver"
-    key = (kind, job.device, env.get("CUDA_VISIBLE_DEVICES"))
-    if key not in _executors:
-        _executors[key] = EXECUTORS[kind](env)
-    return _executors[key]
+    key = (kind, job.device, env.get("CUDA_VISIBLE_DEVICES"), job.slot)
+    with _executors_lock:  # concurrent audits ask from their threads; a fork server serves one at a time
+        if key not in _executors:
+            _executors[key] = EXECUTORS[kind](env)
+        return _executors[key]
 
 
 @atexit.register
 def close_executors() -> None:
-    for ex in _executors.values():
-        ex.close()
-    _executors.clear()
+    """Stop every executor and the audits running in them (an interrupted run with audits in flight)."""
+    with _executors_lock:
+        for ex in _executors.values():
+            ex.close()
+        _executors.clear()
+
+
+def audit_slots(evaluate: Any, device: str) -> list[int]:
+    """The GPU index of each audit that may run at once: every GPU of `evaluate.gpus` (the first audits the
+    root), else `gpu_index` alone; under the interpreter `evaluate.parallel` slots (the index is then unused)."""
+    if device == "cuda":
+        return list(evaluate.gpus) or [evaluate.gpu_index]
+    return [evaluate.gpu_index] * max(1, evaluate.parallel)
 
 
 def worker_devices(env: dict[str, str], gpu_index: int) -> str:
@@ -145,6 +159,8 @@ def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
     out.measurements = data.get("measurements", {})
     out.best_retimed = data.get("best_retimed", {})
     out.device = data.get("device", {})
+    if job.device == "cuda":  # which of the run's GPUs: concurrent audits spread over several
+        out.device["gpu_index"] = job.gpu_index
     out.seconds = time.time() - t_start
     if timed_out:
         out.failure_kind = "timeout"

@@ -81,6 +81,9 @@ class EvaluateConfig:
     interpreter_reps: int = 3
     retime_best: bool = True  # time the current best in the same audit, on the same device
     gpu_index: int = 0
+    # Audits at once, one per GPU: the root is audited on the first. Empty: one audit at a time on gpu_index.
+    gpus: list[int] = field(default_factory=list)
+    parallel: int = 1  # audits at once under the interpreter (CPU); on a GPU, list the GPUs in `gpus` instead
     executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks)
     check_procs: int = 0  # processes for the full correctness stage (0: half the CPUs, at most 8; 1: in-worker)
     graph_replay: str = "auto"  # the small cases again from CUDA-graph replays: auto (on a GPU) | on | off
@@ -270,6 +273,11 @@ def _validate(cfg: DictConfig, path: Path) -> None:
             raise ConfigError(f"{path}: key {key!r}: must be positive")
     if not cfg.correctness.seeds:
         raise ConfigError(f"{path}: key 'correctness.seeds': at least one seed is needed")
+    if cfg.evaluate.parallel < 1:
+        raise ConfigError(f"{path}: key 'evaluate.parallel': must be at least 1")
+    gpus = list(cfg.evaluate.gpus)
+    if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+        raise ConfigError(f"{path}: key 'evaluate.gpus': {gpus}: device indices, each at most once")
     if cfg.evaluate.check_procs < 0:
         raise ConfigError(f"{path}: key 'evaluate.check_procs': must be 0 (auto) or a positive count")
     for key in ("search.max_evaluations", "search.kappa_threshold", "search.frontier_size"):

@@ -58,6 +58,7 @@ def _kill_group(pid: int) -> None:
 class SpawnExecutor:
     def __init__(self, env: dict[str, str]):
         self.env = env
+        self.running: set[int] = set()  # worker pids, killed by close()
 
     def run(self, job_path: Path, log_path: Path, timeout: float) -> tuple[int, bool]:
         # The worker calls die_with_parent() itself: it is the parent's direct child.
@@ -65,14 +66,18 @@ class SpawnExecutor:
             proc = subprocess.Popen([sys.executable, "-m", "tik_evo.worker", str(job_path)], env=self.env,
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, cwd=str(job_path.parent))
+            self.running.add(proc.pid)
             try:
                 return proc.wait(timeout=timeout), False
             except subprocess.TimeoutExpired:
                 _kill_group(proc.pid)
                 return proc.wait(), True
+            finally:
+                self.running.discard(proc.pid)
 
     def close(self) -> None:
-        pass
+        for pid in list(self.running):
+            _kill_group(pid)
 
 
 class ForkServerExecutor:

@@ -9,9 +9,9 @@ import os
 import time
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from tik_evo.audit import AuditJob, run_audit
+from tik_evo.audit import AuditJob, audit_slots, run_audit
 from tik_evo.config import ConfigError, start_label, to_yaml
 from tik_evo.family import Family
 from tik_evo.knobs import knobs_or_none, read_knobs, write_knobs
@@ -47,12 +47,22 @@ def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
         if name.lower() not in ("any", "cpu"):
             warnings.append(f"no CUDA device: running campaign for {name} under the Triton interpreter")
         return "cpu", facts, warnings
-    count, index = torch.cuda.device_count(), cfg.evaluate.gpu_index
-    if not 0 <= index < count:
-        raise ConfigError(f"{cfg.source_file}: key 'evaluate.gpu_index': {index}, but {count} CUDA device(s) are "
-                          f"visible (indices count from 0 within CUDA_VISIBLE_DEVICES="
-                          f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-    actual = torch.cuda.get_device_name(index)
+    count = torch.cuda.device_count()
+    key, indices = ("evaluate.gpus", list(cfg.evaluate.gpus)) if cfg.evaluate.gpus else \
+        ("evaluate.gpu_index", [cfg.evaluate.gpu_index])
+    for index in indices:
+        if not 0 <= index < count:
+            raise ConfigError(f"{cfg.source_file}: key {key!r}: {index}, but {count} CUDA device(s) are visible "
+                              f"(indices count from 0 within CUDA_VISIBLE_DEVICES="
+                              f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    if cfg.evaluate.parallel > 1 and not cfg.evaluate.gpus:
+        raise ConfigError(f"{cfg.source_file}: key 'evaluate.parallel': {cfg.evaluate.parallel} audits on one GPU "
+                          f"would time each other's kernels; list a GPU per audit in evaluate.gpus instead")
+    names = {torch.cuda.get_device_name(i) for i in indices}
+    if len(names) > 1:
+        warnings.append(f"evaluate.gpus {indices} are different GPUs ({', '.join(sorted(names))}): candidates "
+                        f"are compared with timings taken on another GPU")
+    actual = torch.cuda.get_device_name(indices[0])
     facts["actual_gpu"] = actual
     if name.lower() not in ("any", "cpu") and name.lower() not in actual.lower():
         msg = f"campaign {cfg.name!r} was written for {name} but this GPU is {actual!r}"
@@ -130,7 +140,7 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
         f"({len(workloads)} workloads, device {device})…")
     t0 = time.time()
     out = run_audit(run_dir, AuditJob(family, source, h, "I0", workloads, list(cfg.correctness.seeds),
-                                      dict(cfg.evaluate), device, cfg.evaluate.gpu_index))
+                                      OmegaConf.to_container(cfg.evaluate), device, audit_slots(cfg.evaluate, device)[0]))
     with store.transaction() as txn:
         st = txn.state
         iid, uid = txn.new_id("I"), txn.new_id("U")

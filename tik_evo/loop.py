@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tik_evo import lineage
 from tik_evo.action import Actor, Choice
-from tik_evo.audit import AuditJob, AuditOutcome, run_audit, source_file
+from tik_evo.audit import AuditJob, AuditOutcome, audit_slots, close_executors, run_audit, source_file
 from tik_evo.family import Family
 from tik_evo.knobs import knobs_or_none
 from tik_evo.operators.base import Proposal
@@ -19,6 +21,21 @@ from tik_evo.records import Action, Audit, Implementation, Opportunity
 from tik_evo.scheduler import Scheduler, trial_value
 from tik_evo.store import Store, Txn, source_hash
 from tik_evo.timing import timer_of
+
+
+@dataclass
+class Pending:
+    """One step between the operator's proposal and its record: the audit to run, if any."""
+    choice: Choice
+    proposal: Proposal
+    t0: float
+    t_op: float
+    best: str  # the best when the step began (its re-timing in the audit is a reference only while it stays best)
+    h: str | None = None
+    existing: str | None = None  # the implementation that already has this source (or is auditing it now)
+    in_flight: bool = False
+    reserved: str | None = None  # the implementation id reserved for a concurrent audit
+    job: AuditJob | None = None
 
 
 class Search:
@@ -45,11 +62,12 @@ class Search:
         self.scheduler.recover(outcome)
 
     # -- stopping ------------------------------------------------------------------------------------------
-    def stop_reason(self, st: dict[str, Any]) -> str | None:
+    def stop_reason(self, st: dict[str, Any], in_flight: int = 0) -> str | None:
+        """Why no new step may start; audits in flight count against the evaluation budget."""
         s = self.cfg.search
         if st["kappa"] >= s.kappa_threshold:
             return f"κ reached {st['kappa']} (threshold {s.kappa_threshold})"
-        if st["evaluations"] >= s.max_evaluations:
+        if st["evaluations"] + in_flight >= s.max_evaluations:
             return f"evaluation budget used ({st['evaluations']}/{s.max_evaluations})"
         if st["budgets"]["wall_s"] >= s.wall_time_s:
             return f"wall-time budget used ({st['budgets']['wall_s']:.0f}/{s.wall_time_s:.0f} s)"
@@ -65,16 +83,66 @@ class Search:
         return None
 
     def run(self) -> str:
+        slots = audit_slots(self.cfg.evaluate, self.device)
+        if len(slots) > 1:
+            return self._run_concurrently(slots)
         while True:
             st = self.store.state()
             reason = self.stop_reason(st)
             if reason:
-                with self.store.transaction() as txn:
-                    self._flush_overhead(txn)
-                    txn.state["finished"] = {"reason": reason, "at": time.time()}
-                    txn.event("finish", f"search finished: {reason}")
-                return reason
+                return self._finish_run(reason)
             self.step(st)
+
+    def _finish_run(self, reason: str) -> str:
+        with self.store.transaction() as txn:
+            self._flush_overhead(txn)
+            txn.state["finished"] = {"reason": reason, "at": time.time()}
+            txn.event("finish", f"search finished: {reason}")
+        return reason
+
+    def _run_concurrently(self, slots: list[int]) -> str:
+        """One audit per slot (GPU) at once. This thread chooses, proposes and records, one transaction per
+        step as before; audits run in their worker processes, waited on by a pool thread each. An offspring is
+        judged against the best of the moment it is recorded (see `_record`)."""
+        in_flight: dict[Future, Pending] = {}
+        free, mark = list(enumerate(slots)), time.time()  # (slot, GPU index)
+
+        def record(pending: Pending, outcome: AuditOutcome | None) -> None:
+            nonlocal mark
+            now = time.time()
+            self.finish(pending, outcome, wall_s=now - mark)  # wall time once, however many audits overlap
+            mark = now
+
+        pool = ThreadPoolExecutor(len(slots), thread_name_prefix="audit")
+        try:
+            while True:
+                st = self.store.state()
+                reason = self.stop_reason(st, len(in_flight))
+                if reason is None and free:
+                    pending = self.begin(st, time.time(), free[0], {p.h: p.reserved for p in in_flight.values()})
+                    if pending is not None and pending.job is None:
+                        record(pending, None)
+                    elif pending is not None:
+                        free.pop(0)
+                        where = f"GPU {pending.job.gpu_index}" if self.device == "cuda" else "the CPU"
+                        self.on_step({"phase": "audit", "text": f"auditing offspring of {pending.choice.parent} "
+                                      f"on {where} ({len(in_flight) + 1} in flight)", "state": st})
+                        in_flight[pool.submit(run_audit, self.store.run_dir, pending.job)] = pending
+                    continue
+                if not in_flight:
+                    return self._finish_run(reason or "stopped")
+                done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                for future in done:
+                    pending = in_flight.pop(future)
+                    free.append((pending.job.slot, pending.job.gpu_index))
+                    record(pending, future.result())
+        except BaseException:
+            # Interrupted (or a bug): stop the audits in flight instead of waiting for them. Their steps are
+            # not recorded; a resumed run tells their trials as failed and goes on.
+            close_executors()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _flush_overhead(self, txn: Txn) -> None:
         if self._overhead is not None:
@@ -86,52 +154,75 @@ class Search:
     # -- one step ------------------------------------------------------------------------------------------
     def step(self, st: dict[str, Any]) -> None:
         t0 = time.time()
+        pending = self.begin(st, t0)
+        if pending is None:
+            return
+        outcome = None
+        if pending.job is not None:
+            self.on_step({"phase": "audit", "text": f"auditing offspring of {pending.choice.parent}: "
+                          f"{pending.proposal.rationale[:80]}", "state": st})
+            outcome = run_audit(self.store.run_dir, pending.job)
+        t1 = time.time()
+        self.finish(pending, outcome, wall_s=time.time() - t0)
+        # Store + scheduler time this step, excluding the operator and the audit (reported by `status`).
+        self._overhead = (t1 - t0 - pending.t_op - (outcome.seconds if outcome else 0.0)) + (time.time() - t1)
+
+    def begin(self, st: dict[str, Any], t0: float, slot: tuple[int, int] | None = None,
+              in_flight: dict[str, str] | None = None) -> Pending | None:
+        """Choose (operator, opportunity, parent) and let the operator write; the audit job if there is one to
+        run. ``in_flight`` maps the sources being audited now to their reserved ids (concurrent audits only)."""
         try:
             choice = self.actor.choose(st)
         except LookupError as e:
             with self.store.transaction() as txn:
                 txn.state["pending_opportunities"] = []
                 txn.event("scheduler", str(e))
-            return
+            return None
         self.on_step({"phase": "action", "text": f"{choice.operator} on {choice.parent} "
                       f"({choice.opportunity.kind if choice.opportunity else '-'})", "state": st})
         proposal, t_op = self.actor.propose(choice)
-        outcome: AuditOutcome | None = None
-        existing = None
-        h = None
-        if proposal.source is not None:
-            h = source_hash(proposal.source)
-            existing = st["sources"].get(h)
-            if existing is None:
-                self.on_step({"phase": "audit", "text": f"auditing offspring of {choice.parent}: "
-                              f"{proposal.rationale[:80]}", "state": st})
-                best = self.store.get(st["best"])
-                source_file(self.store.run_dir, best.source_hash, self.store.source(best.source_hash))
-                outcome = run_audit(self.store.run_dir, AuditJob(
-                    self.family, proposal.source, h, f"I{st['counters']['I']}", self.workloads,
-                    list(self.cfg.correctness.seeds), dict(self.cfg.evaluate), self.device,
-                    self.cfg.evaluate.gpu_index,
-                    best.source_hash if self.cfg.evaluate.retime_best else None))
-        t_audit = outcome.seconds if outcome else 0.0
-        t1 = time.time()
+        pending = Pending(choice, proposal, t0, t_op, best=st["best"])
+        if proposal.source is None:
+            return pending
+        pending.h = h = source_hash(proposal.source)
+        pending.existing = st["sources"].get(h)
+        if pending.existing is None and in_flight is not None and h in in_flight:
+            pending.existing = in_flight[h]  # the same source is being audited now: a repeat, not a new one
+            pending.in_flight = True
+        if pending.existing is not None:
+            return pending
+        if in_flight is None:
+            impl_id = f"I{st['counters']['I']}"  # the id this step's record will take
+        else:
+            with self.store.transaction() as txn:  # concurrent audits: each reserves its id up front
+                impl_id = pending.reserved = txn.new_id("I")
+        best = self.store.get(st["best"])
+        source_file(self.store.run_dir, best.source_hash, self.store.source(best.source_hash))
+        pending.job = AuditJob(
+            self.family, proposal.source, h, impl_id, self.workloads, list(self.cfg.correctness.seeds),
+            OmegaConf.to_container(self.cfg.evaluate), self.device,
+            self.cfg.evaluate.gpu_index if slot is None else slot[1],
+            best.source_hash if self.cfg.evaluate.retime_best else None, slot=0 if slot is None else slot[0])
+        return pending
+
+    def finish(self, pending: Pending, outcome: AuditOutcome | None, wall_s: float) -> None:
+        """Record the step (action, offspring, audit, decisions, state) in one transaction; tell the sampler."""
         with self.store.transaction() as txn:
             txn.state["step"] += 1
-            value = self._record(txn, choice, proposal, h, existing, outcome, t0)
-            txn.state["budgets"]["wall_s"] += time.time() - t0
+            value = self._record(txn, pending, outcome)
+            txn.state["budgets"]["wall_s"] += wall_s
             self._flush_overhead(txn)
-        self.scheduler.tell(choice.trial.number, value)
-        # Store + scheduler time this step, excluding the operator and the audit (reported by `status`).
-        self._overhead = (t1 - t0 - t_op - t_audit) + (time.time() - t1)
+        self.scheduler.tell(pending.choice.trial.number, value)
         self.on_step({"phase": "done", "state": self.store.state()})
 
-    def _record(self, txn: Txn, choice: Choice, proposal: Proposal, h: str | None, existing: str | None,
-                outcome: AuditOutcome | None, t0: float) -> float | None:
+    def _record(self, txn: Txn, pending: Pending, outcome: AuditOutcome | None) -> float | None:
         st = txn.state
+        choice, proposal, h, existing = pending.choice, pending.proposal, pending.h, pending.existing
         aid = txn.new_id("A")
         action = Action(aid, choice.opportunity.id if choice.opportunity else None,
                         [choice.parent, *proposal.parents], proposal.scope, choice.operator,
                         proposal.rationale, proposal.expected, dict(proposal.params), choice.trial.number,
-                        tokens=proposal.tokens, cost_usd=proposal.cost_usd, started=t0, finished=time.time())
+                        tokens=proposal.tokens, cost_usd=proposal.cost_usd, started=pending.t0, finished=time.time())
         st["budgets"]["tokens"] += sum(proposal.tokens.values())
         st["budgets"]["usd"] += proposal.cost_usd
         if outcome is None:
@@ -139,7 +230,10 @@ class Search:
             same = existing if existing else (choice.parent if proposal.error == "no-change" else None)
             action.outcome = "duplicate" if existing else ("no-change" if same else "failed-to-apply")
             action.offspring, action.error = existing, proposal.error if not existing else ""
-            value = self._value_of(txn, same) if same else None
+            if pending.in_flight:  # its implementation is not recorded yet (nor ever, if the run is killed now)
+                action.offspring, action.error = None, f"repeats the source being audited now as {existing}"
+            # A repeat of a source still in flight has no objective yet: told as failed, like an operator error.
+            value = self._value_of(txn, same) if same and not pending.in_flight else None
             action.params["_trial_value"] = value
             txn.put(action)
             st["duplicates"] += 1
@@ -149,10 +243,13 @@ class Search:
             txn.event("action", f"{aid} {choice.operator}: {action.outcome} {proposal.error[:120]}".rstrip())
             return value
         st["duplicates_in_a_row"] = 0
-        iid, uid = txn.new_id("I"), txn.new_id("U")
+        iid, uid = pending.reserved or txn.new_id("I"), txn.new_id("U")
         txn.put_source(proposal.source or "")
         st["sources"][h] = iid
-        verdict = lineage.judge(outcome.passed, outcome.measurements, outcome.best_retimed, st, self.cfg)
+        # The best re-timed in this audit is the reference only if it is still the best: with concurrent
+        # audits another may have been promoted meanwhile, and then the stored best objective is.
+        retimed = outcome.best_retimed if st["best"] == pending.best else {}
+        verdict = lineage.judge(outcome.passed, outcome.measurements, retimed, st, self.cfg)
         audit = Audit(uid, iid, outcome.stages, outcome.measurements, outcome.best_retimed, verdict.objective,
                       verdict.best_objective, verdict.margin, outcome.passed, verdict.admissible, verdict.promoted,
                       outcome.failure_kind, outcome.failure, verdict.limits, timer_of(outcome.measurements), outcome.device,

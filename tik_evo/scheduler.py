@@ -16,9 +16,11 @@ from tik_evo.records import Opportunity
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
+def make_sampler(name: str, seed: int, concurrent: bool = False) -> optuna.samplers.BaseSampler:
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=6)
+        # With audits in flight, TPE counts their trials as poor until told (constant liar), so concurrent
+        # asks spread out instead of repeating the same choice.
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, constant_liar=concurrent)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
@@ -36,7 +38,8 @@ class Scheduler:
         storage = optuna.storages.JournalStorage(
             optuna.storages.journal.JournalFileBackend(str(run_dir / "study.journal")))
         self.study = optuna.create_study(study_name="search", storage=storage, direction="maximize",
-                                         sampler=make_sampler(cfg.search.sampler, cfg.search.seed),
+                                         sampler=make_sampler(cfg.search.sampler, cfg.search.seed,
+                                                             len(cfg.evaluate.gpus) > 1 or cfg.evaluate.parallel > 1),
                                          load_if_exists=True)
 
     def ask(self) -> optuna.Trial:

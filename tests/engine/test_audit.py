@@ -272,3 +272,27 @@ def test_resolve_device_names_a_gpu_index_that_is_not_visible(monkeypatch, tmp_p
     cfg = load_campaign(write_campaign(tmp_path), ["evaluate.gpu_index=2"])
     with pytest.raises(ConfigError, match="key 'evaluate.gpu_index': 2, but 2 CUDA device"):
         resolve_device(cfg)
+
+
+@pytest.mark.parametrize("executor", ["spawn", "forkserver"])
+def test_closing_the_executors_stops_an_audit_in_flight(tmp_path, executor):
+    """What an interrupted run with concurrent audits does: the audits stop now, not at their timeout."""
+    import threading
+
+    from tik_evo.audit import close_executors
+
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(out=audit(
+        tmp_path, with_body("    while True:\n        pass\n"), timeout=300, executor=executor)))
+    thread.start()
+    from .test_run import _audit_processes
+
+    deadline = time.time() + 60
+    while not _audit_processes(tmp_path / "audits") and time.time() < deadline:
+        time.sleep(0.2)
+    assert _audit_processes(tmp_path / "audits"), "the audit never started"
+    t0 = time.time()
+    close_executors()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and time.time() - t0 < 30
+    assert not result["out"].passed

@@ -83,8 +83,11 @@ def test_gpu_campaign_without_gpu_is_refused_clearly(tmp_path, capsys):
     assert "gpu.policy" in err and "H200" in err and not (tmp_path / "run" / "ir.lmdb").exists()
 
 
-def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path):
-    campaign = write_campaign(tmp_path, search={"max_evaluations": 40, "kappa_threshold": 40, "wall_time_s": 900})
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_kill_9_then_resume_loses_and_duplicates_nothing(tmp_path, parallel):
+    # parallel=2: killed with two audits in flight, whose reserved implementation ids stay unused.
+    campaign = write_campaign(tmp_path, search={"max_evaluations": 40, "kappa_threshold": 40, "wall_time_s": 900},
+                              evaluate={"parallel": parallel})
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "tik_evo.cli", "run", str(campaign), "--quiet"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -202,3 +205,48 @@ def test_a_root_whose_graph_replays_differ_stops_the_run_and_names_the_stage(tmp
     assert rc != 0
     err = " ".join(capsys.readouterr().err.split())
     assert "failed its audit (consistency)" in err and "evaluate.graph_replay=off" in err, err[-800:]
+
+
+@pytest.mark.slow
+def test_concurrent_audits_overlap_and_record_like_one_at_a_time(tmp_path, capsys):
+    """evaluate.parallel=2 under the interpreter: two audits in flight at once, each step still one record set."""
+    campaign = write_campaign(tmp_path, search={"max_evaluations": 6, "kappa_threshold": 40},
+                              evaluate={"parallel": 2, "retime_best": True})
+    assert main(["run", str(campaign), "--quiet"]) == 0
+    run = tmp_path / "run"
+    with Store.open_reader(run) as s:
+        st, impls, audits, actions = s.state(), s.all("I"), s.all("U"), s.all("A")
+        assert st["evaluations"] == 6 and "evaluation budget used (6/6)" in st["finished"]["reason"]
+        assert len(impls) == len(audits) == 7 and len({i.source_hash for i in impls}) == 7
+        assert "crash" not in st["failures_by_kind"], st["failures_by_kind"]  # one fork server per slot
+        by_impl = {a.impl: a for a in audits}
+        assert all(i.id in by_impl for i in impls)
+        assert len({p.name for p in (run / "audits").iterdir()}) == 7  # each audit its own folder
+        spans = sorted((a.started, a.finished) for a in actions if a.outcome == "audited")
+        assert any(b0 < a1 for (_, a1), (b0, _) in zip(spans, spans[1:])), "no two audits were in flight at once"
+        assert st["budgets"]["wall_s"] < sum(u.seconds for u in audits[1:])  # wall time counted once
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["evaluate.parallel=0"], "key 'evaluate.parallel': must be at least 1"),
+    (["evaluate.gpus=[1,1]"], "key 'evaluate.gpus': [1, 1]: device indices, each at most once"),
+])
+def test_bad_concurrency_keys_are_named(tmp_path, capsys, overrides, message):
+    assert main(["check", str(write_campaign(tmp_path)), *overrides]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_concurrent_audits_on_one_gpu_are_refused(tmp_path, monkeypatch):
+    from tik_evo.config import ConfigError, load_campaign
+    from tik_evo.initialization import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "NVIDIA H200")
+    campaign = write_campaign(tmp_path)
+    with pytest.raises(ConfigError, match="'evaluate.parallel': 2 audits on one GPU"):
+        resolve_device(load_campaign(campaign, ["evaluate.parallel=2"]))
+    with pytest.raises(ConfigError, match="key 'evaluate.gpus': 2, but 2 CUDA device"):
+        resolve_device(load_campaign(campaign, ["evaluate.gpus=[0,2]"]))
+    device, facts, warnings = resolve_device(load_campaign(campaign, ["evaluate.gpus=[1,0]"]))
+    assert device == "cuda" and not warnings
