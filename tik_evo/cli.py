@@ -262,9 +262,12 @@ def _sweep_slots(args, cfg) -> list:
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: must be at least 1")
+    if args.gpus is None and args.jobs == 1:
+        return []
+    if cfg.evaluate.gpus or cfg.evaluate.parallel > 1:
+        raise ConfigError(f"{cfg.source_file}: keys 'evaluate.gpus' / 'evaluate.parallel': a sweep with --gpus or "
+                          f"--jobs gives each run one GPU (or CPU share); drop one or the other")
     if args.gpus is None:
-        if args.jobs == 1:
-            return []
         if resolve_device(cfg)[0] == "cuda":
             raise ConfigError(f"--jobs {args.jobs}: these runs time their kernels on a GPU, and runs sharing one "
                               f"GPU time each other's kernels; give each run its own with --gpus 0,1,...")

@@ -65,6 +65,11 @@ def test_bad_concurrency_flags_are_named(tmp_path, capsys, flags, message):
     assert not (tmp_path / "sw").exists()  # nothing started
 
 
+def test_a_sweep_over_slots_refuses_runs_that_audit_concurrently_themselves(tmp_path, capsys):
+    assert main(["sweep", str(write_campaign(tmp_path)), "search.seed=0,1", "evaluate.parallel=2", "--jobs", "2"]) == 2
+    assert "a sweep with --gpus or --jobs gives each run one GPU" in " ".join(capsys.readouterr().err.split())
+
+
 def test_jobs_on_one_gpu_are_refused(tmp_path, capsys, monkeypatch):
     import tik_evo.initialization as init
 
