@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | model_moe | model_graphs | model_speed | policy | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -113,6 +113,9 @@ while [ $# -gt 0 ]; do
         2>&1 | tail -15 ;;
     model_graphs)  # the rollout with every family call replayed from a CUDA graph: replays == eager, log-probs == training
       timeout 400 python3 benchmarks/model_graphs_gpu.py ${MODEL_GRAPHS_ARGS:-} --out "$OUT/model_graphs.json" 2>&1 | tail -40 ;;
+    concurrent) c=$1; shift  # the root on every GPU (timing spread), then the campaign on one GPU and on all (2+ GPUs)
+      timeout 560 python3 benchmarks/concurrent_audits_gpu.py "$c" --evals ${CONCURRENT_EVALS:-16} --timeout-s 250 \
+        --out "$OUT/concurrent_audits_$(basename "$c" .yaml).json" 2>&1 | tail -20 ;;
     policy)  # the policy update: bits vs training and rollout, gradients vs fp32 torch, step time vs the torch trainer
       timeout 500 python3 benchmarks/policy_gpu.py ${POLICY_ARGS:-} --out "$OUT/policy.json" 2>&1 | tail -20 ;;
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots

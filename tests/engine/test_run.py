@@ -250,3 +250,18 @@ def test_concurrent_audits_on_one_gpu_are_refused(tmp_path, monkeypatch):
         resolve_device(load_campaign(campaign, ["evaluate.gpus=[0,2]"]))
     device, facts, warnings = resolve_device(load_campaign(campaign, ["evaluate.gpus=[1,0]"]))
     assert device == "cuda" and not warnings
+
+
+@pytest.mark.slow
+def test_concurrent_audits_benchmark_runs_its_cpu_path(tmp_path):
+    """benchmarks/concurrent_audits_gpu.py --interpret: the root on each slot, then one and two audits at once."""
+    out = tmp_path / "ca.json"
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "benchmarks/concurrent_audits_gpu.py", str(write_campaign(tmp_path)),
+                        "--interpret", "--evals", "2", "--out", str(out)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=280)
+    assert r.returncode == 0, r.stderr[-2000:] + r.stdout[-1000:]
+    result = json.loads(out.read_text())
+    assert set(result["root_on_each"]["median_s"]) == {"cpu0", "cpu1"}
+    assert all(v == 1.0 for v in result["root_on_each"]["ratio_to_first"]["cpu0"].values())
+    assert [r["evaluations"] for r in result["runs"].values()] == [2, 2]
