@@ -184,6 +184,10 @@ def resume_run(run_dir: Path, overrides: list[str], quiet: bool) -> None:
     store = Store.open_writer(run_dir)
     try:
         st = store.state()
+        if st.get("device") == "cuda":
+            from tik_evo.initialization import check_gpus
+
+            check_gpus(cfg)  # GPUs changed by the overrides, or fewer visible than when the run started
         if st.get("root") is None:
             if not st.get("workloads"):
                 raise ConfigError(f"{run_dir}: the run stopped before it recorded its workloads; start it again "

@@ -24,6 +24,24 @@ class InitError(RuntimeError):
     pass
 
 
+def check_gpus(cfg: DictConfig) -> list[int]:
+    """The GPUs the run's audits go to (`audit_slots`), each checked to be visible; one audit per GPU."""
+    import torch
+
+    count = torch.cuda.device_count()
+    key = "evaluate.gpus" if cfg.evaluate.gpus else "evaluate.gpu_index"
+    indices = audit_slots(cfg.evaluate, "cuda")
+    for index in indices:
+        if not 0 <= index < count:
+            raise ConfigError(f"{cfg.source_file}: key {key!r}: {index}, but {count} CUDA device(s) are visible "
+                              f"(indices count from 0 within CUDA_VISIBLE_DEVICES="
+                              f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    if cfg.evaluate.parallel > 1 and not cfg.evaluate.gpus:
+        raise ConfigError(f"{cfg.source_file}: key 'evaluate.parallel': {cfg.evaluate.parallel} audits on one GPU "
+                          f"would time each other's kernels; list a GPU per audit in evaluate.gpus instead")
+    return indices
+
+
 def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
     """Return ("cuda" | "cpu", facts to record, warnings), applying the campaign's GPU policy."""
     import torch
@@ -47,17 +65,7 @@ def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
         if name.lower() not in ("any", "cpu"):
             warnings.append(f"no CUDA device: running campaign for {name} under the Triton interpreter")
         return "cpu", facts, warnings
-    count = torch.cuda.device_count()
-    key, indices = ("evaluate.gpus", list(cfg.evaluate.gpus)) if cfg.evaluate.gpus else \
-        ("evaluate.gpu_index", [cfg.evaluate.gpu_index])
-    for index in indices:
-        if not 0 <= index < count:
-            raise ConfigError(f"{cfg.source_file}: key {key!r}: {index}, but {count} CUDA device(s) are visible "
-                              f"(indices count from 0 within CUDA_VISIBLE_DEVICES="
-                              f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
-    if cfg.evaluate.parallel > 1 and not cfg.evaluate.gpus:
-        raise ConfigError(f"{cfg.source_file}: key 'evaluate.parallel': {cfg.evaluate.parallel} audits on one GPU "
-                          f"would time each other's kernels; list a GPU per audit in evaluate.gpus instead")
+    indices = check_gpus(cfg)
     names = {torch.cuda.get_device_name(i) for i in indices}
     if len(names) > 1:
         warnings.append(f"evaluate.gpus {indices} are different GPUs ({', '.join(sorted(names))}): candidates "

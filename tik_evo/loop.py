@@ -201,7 +201,7 @@ class Search:
         pending.job = AuditJob(
             self.family, proposal.source, h, impl_id, self.workloads, list(self.cfg.correctness.seeds),
             OmegaConf.to_container(self.cfg.evaluate), self.device,
-            self.cfg.evaluate.gpu_index if slot is None else slot[1],
+            audit_slots(self.cfg.evaluate, self.device)[0] if slot is None else slot[1],
             best.source_hash if self.cfg.evaluate.retime_best else None, slot=0 if slot is None else slot[0])
         return pending
 

@@ -296,3 +296,14 @@ def test_closing_the_executors_stops_an_audit_in_flight(tmp_path, executor):
     thread.join(timeout=30)
     assert not thread.is_alive() and time.time() - t0 < 30
     assert not result["out"].passed
+
+
+def test_audit_slots():
+    from types import SimpleNamespace as NS
+
+    from tik_evo.audit import audit_slots
+
+    assert audit_slots(NS(gpus=[], gpu_index=1, parallel=1), "cuda") == [1]
+    assert audit_slots(NS(gpus=[2], gpu_index=0, parallel=1), "cuda") == [2]  # one GPU listed: the search's too
+    assert audit_slots(NS(gpus=[3, 1], gpu_index=0, parallel=4), "cuda") == [3, 1]
+    assert audit_slots(NS(gpus=[3, 1], gpu_index=0, parallel=3), "cpu") == [0, 0, 0]

@@ -265,3 +265,17 @@ def test_concurrent_audits_benchmark_runs_its_cpu_path(tmp_path):
     assert set(result["root_on_each"]["median_s"]) == {"cpu0", "cpu1"}
     assert all(v == 1.0 for v in result["root_on_each"]["ratio_to_first"]["cpu0"].values())
     assert [r["evaluations"] for r in result["runs"].values()] == [2, 2]
+
+
+def test_resume_checks_the_gpus_before_it_writes_anything(tmp_path, monkeypatch, capsys):
+    from tik_evo.config import load_campaign, to_yaml
+
+    run = tmp_path / "run"
+    with Store.create(run) as s, s.transaction() as txn:
+        txn.state["device"] = "cuda"  # a run started on a GPU machine
+    config = to_yaml(load_campaign(write_campaign(tmp_path), []))
+    (run / "config.yaml").write_text(config)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert main(["resume", str(run), "evaluate.gpus=[0,3]"]) == 2
+    assert "key 'evaluate.gpus': 3, but 2 CUDA device(s) are visible" in " ".join(capsys.readouterr().err.split())
+    assert (run / "config.yaml").read_text() == config
