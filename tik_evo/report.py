@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import statistics
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,6 +68,9 @@ def status(store: Store) -> Group:
                      f"speed-up {st['root_objective'] / st['best_objective']:.3f}x")
     head.add_row("κ", str(st["kappa"]))
     head.add_row("evaluations", f"{st['evaluations']} audited, {st['duplicates']} repeats/no-change")
+    per_gpu = Counter(a.device.get("gpu_index") for a in audits.values() if a.device.get("gpu_index") is not None)
+    if len(per_gpu) > 1:  # concurrent audits (evaluate.gpus)
+        head.add_row("audits per GPU", ", ".join(f"GPU {g}: {n}" for g, n in sorted(per_gpu.items())))
     fails = ", ".join(f"{k}: {v}" for k, v in sorted(st["failures_by_kind"].items())) or "none"
     head.add_row("failures by kind", fails)
     b = st["budgets"]

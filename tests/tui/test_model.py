@@ -64,3 +64,26 @@ def test_change_key_moves_with_events():
 
 def test_missing_config_gives_empty_limits(tmp_path):
     assert RunConfig.load(tmp_path).kappa_threshold is None
+
+
+def test_status_counts_audits_per_gpu_when_they_ran_on_several(tmp_path):
+    import io
+
+    import fixture_store
+    from rich.console import Console
+
+    from tik_evo.report import status
+    from tik_evo.store import Store
+
+    run = fixture_store.build(tmp_path / "run")
+    with Store.open_writer(run) as s, s.transaction() as txn:
+        for n, audit in enumerate(s.all("U")):
+            audit.device = {**audit.device, "gpu_index": n % 2}
+            txn.put(audit)
+
+    console = Console(file=io.StringIO(), width=120)
+    with Store.open_reader(run) as s:
+        n = len(s.all("U"))
+        console.print(status(s))
+    out = console.file.getvalue()
+    assert "audits per GPU" in out and f"GPU 0: {(n + 1) // 2}, GPU 1: {n // 2}" in out, out
