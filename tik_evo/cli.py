@@ -185,9 +185,11 @@ def resume_run(run_dir: Path, overrides: list[str], quiet: bool) -> None:
     try:
         st = store.state()
         if st.get("device") == "cuda":
-            from tik_evo.initialization import check_gpus
+            from tik_evo.initialization import anchor_gpus, check_gpus
 
             check_gpus(cfg)  # GPUs changed by the overrides, or fewer visible than when the run started
+            if st.get("root"):  # a GPU added on resume gets the root's timings before it audits anything
+                anchor_gpus(store, cfg, family, "cuda", log=lambda m: console.print(m))
         if st.get("root") is None:
             if not st.get("workloads"):
                 raise ConfigError(f"{run_dir}: the run stopped before it recorded its workloads; start it again "

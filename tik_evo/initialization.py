@@ -190,5 +190,49 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
                                 evidence=[uid], created=time.time()))
             st["pending_opportunities"].append(oid)
         st["budgets"]["wall_s"] += time.time() - t0
+        if device == "cuda":
+            st["root_latencies_by_gpu"] = {str(audit_slots(cfg.evaluate, device)[0]): st["root_latencies"]}
         txn.event("init", f"root {iid} verified; T={t_root:.6g} ({timer_of(out.measurements)})")
     log(f"root verified in {time.time() - t0:.1f} s; T(root) = {t_root:.6g} s")
+    if device == "cuda":
+        anchor_gpus(store, cfg, family, device, log)
+
+
+def anchor_gpus(store: Store, cfg: DictConfig, family: Family, device: str, log=print,
+                slots: list[int] | None = None) -> None:
+    """Audit the root on every GPU of `evaluate.gpus` that has no root timings yet, all at once: each GPU's
+    audits are then judged against the root as that GPU runs it, and a GPU that fails the root's checks stops
+    the run before it audits anything. Raises InitError naming the GPU. (`slots`: the GPU indices, for tests
+    that run this under the interpreter.)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    st = store.state()
+    have = st.get("root_latencies_by_gpu", {})
+    slots = audit_slots(cfg.evaluate, device) if slots is None else slots
+    todo = [(slot, gpu) for slot, gpu in enumerate(slots) if str(gpu) not in have]
+    if not todo:
+        return
+    root = store.get(st["root"])
+    source, t0 = store.source(root.source_hash), time.time()
+    log(f"auditing the root on GPU {', '.join(str(g) for _, g in todo)} as well…")
+    jobs = [AuditJob(family, source, root.source_hash, f"{root.id}-gpu{gpu}", st["workloads"],
+                     list(cfg.correctness.seeds), OmegaConf.to_container(cfg.evaluate), device, gpu, slot=slot)
+            for slot, gpu in todo]
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        outs = list(pool.map(lambda job: run_audit(store.run_dir, job), jobs))
+    failed = [(job, out) for job, out in zip(jobs, outs) if not out.passed]
+    if failed:
+        job, out = failed[0]
+        raise InitError(f"the root failed its audit on GPU {job.gpu_index} ({out.failure_kind}): {out.failure[:1500]}"
+                        f"\nevidence: {store.run_dir / 'audits' / job.impl_id}; leave that GPU out of evaluate.gpus "
+                        f"and `tik-evo resume {store.run_dir} evaluate.gpus=[...]`")
+    first = st["root_latencies"]
+    with store.transaction() as txn:
+        by_gpu = txn.state.setdefault("root_latencies_by_gpu", {})
+        for job, out in zip(jobs, outs):
+            by_gpu[str(job.gpu_index)] = {n: m["median_s"] for n, m in out.measurements.items()}
+        spread = max(abs(t / first[n] - 1) for lat in by_gpu.values() for n, t in lat.items())
+        txn.state["budgets"]["wall_s"] += time.time() - t0
+        txn.event("init", f"root timed on GPUs {', '.join(sorted(by_gpu))}: per-workload medians within "
+                          f"{spread:.1%} of the first's")
+    log(f"root timed on {len(by_gpu)} GPUs in {time.time() - t0:.1f} s: medians within {spread:.1%} of the first's")

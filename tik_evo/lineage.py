@@ -19,12 +19,20 @@ from tik_evo.records import ACTIVE, ARCHIVED, BEST, FAILED, Decision
 from tik_evo.store import Txn
 
 
-def objective(measurements: dict[str, dict[str, Any]], state: dict[str, Any], normalize: bool) -> float:
+def objective(measurements: dict[str, dict[str, Any]], state: dict[str, Any], normalize: bool,
+              root: dict[str, float] | None = None) -> float:
+    root = root or state["root_latencies"]
     total = 0.0
     for name, w in state["weights"].items():
         t = measurements[name]["median_s"]
-        total += w * (t / state["root_latencies"][name] if normalize else t)
+        total += w * (t / root[name] if normalize else t)
     return total
+
+
+def root_latencies(state: dict[str, Any], gpu: int | None) -> dict[str, float]:
+    """The root's latencies on the GPU an audit ran on (concurrent audits time the root on each of their GPUs),
+    else the ones measured at initialization."""
+    return state.get("root_latencies_by_gpu", {}).get(str(gpu)) or state["root_latencies"]
 
 
 @dataclass
@@ -38,7 +46,9 @@ class Verdict:
     reason: str = ""
 
 
-def judge(passed: bool, measurements: dict, best_retimed: dict, state: dict, cfg: DictConfig) -> Verdict:
+def judge(passed: bool, measurements: dict, best_retimed: dict, state: dict, cfg: DictConfig,
+          gpu: int | None = None) -> Verdict:
+    """``gpu``: the GPU the audit ran on, whose own root timings anchor the limits and the normalisation."""
     v = Verdict()
     if not passed:
         v.reason = "audit failed"
@@ -46,16 +56,16 @@ def judge(passed: bool, measurements: dict, best_retimed: dict, state: dict, cfg
     if set(measurements) != set(state["weights"]):
         v.reason = "not every workload was measured"
         return v
-    norm = cfg.objective.normalize
-    v.objective = objective(measurements, state, norm)
+    norm, root = cfg.objective.normalize, root_latencies(state, gpu)
+    v.objective = objective(measurements, state, norm, root)
     for name, lim in state["limits"].items():
-        t = measurements[name]["median_s"]
-        v.limits[name] = {"t_s": t, "max_s": lim["max_s"], "ratio_vs_root": t / state["root_latencies"][name],
-                          "limit": lim["limit"], "ok": t <= lim["max_s"]}
+        t, max_s = measurements[name]["median_s"], lim["limit"] * root[name]
+        v.limits[name] = {"t_s": t, "max_s": max_s, "ratio_vs_root": t / root[name], "limit": lim["limit"],
+                          "ok": t <= max_s}
     over = [n for n, x in v.limits.items() if not x["ok"]]
     v.admissible = not over
     same_audit = bool(best_retimed) and set(best_retimed) == set(measurements)
-    v.best_objective = objective(best_retimed, state, norm) if same_audit else state["best_objective"]
+    v.best_objective = objective(best_retimed, state, norm, root) if same_audit else state["best_objective"]
     spreads = [m.get("spread", 0.0) for m in measurements.values()]
     if same_audit:
         spreads += [m.get("spread", 0.0) for m in best_retimed.values()]

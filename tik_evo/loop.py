@@ -249,7 +249,8 @@ class Search:
         # The best re-timed in this audit is the reference only if it is still the best: with concurrent
         # audits another may have been promoted meanwhile, and then the stored best objective is.
         retimed = outcome.best_retimed if st["best"] == pending.best else {}
-        verdict = lineage.judge(outcome.passed, outcome.measurements, retimed, st, self.cfg)
+        gpu = pending.job.gpu_index if self.device == "cuda" else None
+        verdict = lineage.judge(outcome.passed, outcome.measurements, retimed, st, self.cfg, gpu)
         audit = Audit(uid, iid, outcome.stages, outcome.measurements, outcome.best_retimed, verdict.objective,
                       verdict.best_objective, verdict.margin, outcome.passed, verdict.admissible, verdict.promoted,
                       outcome.failure_kind, outcome.failure, verdict.limits, timer_of(outcome.measurements), outcome.device,

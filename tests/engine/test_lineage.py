@@ -101,3 +101,14 @@ def test_patience_archives_parent_and_stall_reactivates(tmp_path):
     # κ reached 3 on that step: the best archived alternative came back to the frontier.
     assert (p, "reactivate") in decisions and p in s.state()["frontier"] and p not in s.state()["archive"]
     s.close()
+
+
+def test_an_audit_is_judged_against_the_root_as_its_own_gpu_runs_it():
+    # GPU 1 runs the root 10% slower: a candidate at 1.1x GPU 0's root times is within its limits there.
+    state = {**STATE, "root_latencies_by_gpu": {"0": STATE["root_latencies"], "1": {"a": 1.1, "b": 0.55}}}
+    assert not judge(True, m(1.1, 0.55), {}, state, cfg()).admissible  # anchored on the initialization's root
+    assert not judge(True, m(1.1, 0.55), {}, state, cfg(), gpu=0).admissible
+    v = judge(True, m(1.1, 0.55), {}, state, cfg(normalize=True), gpu=1)
+    assert v.admissible and v.limits["a"]["ratio_vs_root"] == 1.0 and v.limits["a"]["max_s"] == 1.05 * 1.1
+    assert v.objective == 3.0  # normalised by GPU 1's root: the same T as the root's
+    assert judge(True, m(1.1, 0.55), {}, state, cfg(), gpu=7).limits["a"]["ratio_vs_root"] == 1.1  # unknown GPU

@@ -279,3 +279,27 @@ def test_resume_checks_the_gpus_before_it_writes_anything(tmp_path, monkeypatch,
     assert main(["resume", str(run), "evaluate.gpus=[0,3]"]) == 2
     assert "key 'evaluate.gpus': 3, but 2 CUDA device(s) are visible" in " ".join(capsys.readouterr().err.split())
     assert (run / "config.yaml").read_text() == config
+
+
+@pytest.mark.slow
+def test_the_root_is_timed_on_each_gpu_and_a_gpu_that_fails_it_is_named(tmp_path):
+    """anchor_gpus under the interpreter (the GPU indices only label the timings there)."""
+    from tik_evo.config import load_campaign
+    from tik_evo.families import load_family
+    from tik_evo.initialization import InitError, anchor_gpus
+
+    campaign = write_campaign(tmp_path, search={"max_evaluations": 1})
+    assert main(["run", str(campaign), "--quiet"]) == 0
+    run = tmp_path / "run"
+    cfg = load_campaign(run / "config.yaml", [])
+    with Store.open_writer(run) as store:
+        anchor_gpus(store, cfg, load_family("rmsnorm"), "cpu", log=lambda m: None, slots=[0, 1])
+        st = store.state()
+        assert set(st["root_latencies_by_gpu"]) == {"0", "1"}
+        assert set(st["root_latencies_by_gpu"]["1"]) == set(st["root_latencies"])
+        assert store.events()[-1]["text"].startswith("root timed on GPUs 0, 1: per-workload medians within")
+        anchor_gpus(store, cfg, load_family("rmsnorm"), "cpu", log=lambda m: None, slots=[0, 1])  # nothing to do
+        with pytest.raises(InitError, match="the root failed its audit on GPU 3 \\(timeout\\)"):
+            anchor_gpus(store, load_campaign(run / "config.yaml", ["evaluate.timeout_s=0.01"]),
+                        load_family("rmsnorm"), "cpu", log=lambda m: None, slots=[0, 1, 3])
+        assert "3" not in store.state()["root_latencies_by_gpu"]
