@@ -1,8 +1,8 @@
 """Concurrent audits on several GPUs of one host: what `evaluate.gpus` buys, and what it risks.
 
 1. The family's root audited on every GPU, one after another: its per-workload median on each GPU against the
-   first's. Every GPU's audits are judged against limits anchored on the first GPU's root timings, so this
-   spread is the error those limits carry.
+   first's. A run with `evaluate.gpus` judges each GPU's audits against that GPU's own root timings; this
+   spread is the error it would carry with one anchor for all.
 2. The same campaign run with one GPU and with all of them, to the same evaluation budget: wall time, audits
    per minute, the speed-up found.
 
