@@ -15,6 +15,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from tik_evo.config import start_label
+from tik_evo.lineage import root_latencies
 from tik_evo.records import to_dict
 from tik_evo.store import Store
 from tik_evo.timing import LABELS, WALL_INTERPRETER
@@ -38,12 +39,13 @@ def timer_note(timer: str) -> str:
 
 
 def speedups(snap: dict[str, Any], impl_id: str) -> dict[str, float]:
-    """Per-workload speed-up of an implementation over the root (root time / its time)."""
+    """Per-workload speed-up of an implementation over the root (root time / its time), the root as timed on
+    the GPU that audited it."""
     audits = {a.impl: a for a in snap["U"]}
     a = audits.get(impl_id)
-    root = snap["state"]["root_latencies"]
     if not a or not a.measurements:
         return {}
+    root = root_latencies(snap["state"], a.device.get("gpu_index"))
     return {n: root[n] / m["median_s"] for n, m in a.measurements.items() if n in root and m["median_s"] > 0}
 
 
@@ -95,8 +97,9 @@ def status(store: Store) -> Group:
         for col in ("workload", "root", "best", "speed-up", "limit"):
             t.add_column(col, justify="right" if col != "workload" else "left")
         a = audits[best]
+        root = root_latencies(st, audits[best].device.get("gpu_index"))
         for n, s in sp.items():
-            t.add_row(n, fmt_time(st["root_latencies"][n]), fmt_time(a.measurements[n]["median_s"]),
+            t.add_row(n, fmt_time(root[n]), fmt_time(a.measurements[n]["median_s"]),
                       f"{s:.3f}x", f"{st['limits'][n]['limit']:.2f}x")
         parts.append(t)
     return Group(*parts)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 pytest.importorskip("textual")
 
 import fixture_store
+from tui_pilot import screen_text
 
 
 @pytest.fixture(scope="session")
@@ -36,28 +36,6 @@ def live_run(tmp_path) -> Path:
     return fixture_store.build(tmp_path / "live")
 
 
-def screen_text(app) -> str:
-    """The visible screen as plain text (what export_screenshot draws, without the SVG)."""
-    from rich.console import Console
-
-    width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), record=True, legacy_windows=False)
-    console.print(app.screen._compositor.render_update(full=True, screen_stack=app._background_screens))
-    return console.export_text()
-
-
 @pytest.fixture
 def text():
     return screen_text
-
-
-def sync(fn):
-    """Run an async pilot test with asyncio.run (pytest-asyncio is not a dependency)."""
-    import asyncio
-    import functools
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return asyncio.run(fn(*args, **kwargs))
-
-    return wrapper

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import sync
 from textual.widgets import TabbedContent
+from tui_pilot import sync
 
 from tui.app import TikEvoApp
 from tui.widgets.detail import DetailPane

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import sync
 from textual.widgets import TabbedContent
+from tui_pilot import sync
 
 from tui.app import TikEvoApp
 from tui.widgets.lineage import LineageTree

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import fixture_store
-from conftest import sync
+from tui_pilot import sync
 
 from tik_evo.cli import main
 from tui.sweep import SweepApp, sweep_rows
