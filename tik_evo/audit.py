@@ -112,10 +112,16 @@ def worker_devices(env: dict[str, str], gpu_index: int) -> str:
     return entries[gpu_index]
 
 
-def run_audit(run_dir: Path, job: AuditJob) -> AuditOutcome:
+def static_scan(job: AuditJob) -> list:
+    return staticscan.scan(job.source, job.family.entry_points, tuple(k.name for k in job.family.knobs))
+
+
+def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> AuditOutcome:
+    """``static``: the job's static scan, done already. Audits run from threads pass it: CPython 3.11's `ast`
+    is not thread-safe ("AST constructor recursion depth mismatch" when two threads parse at once)."""
     t_start = time.time()
     out = AuditOutcome()
-    static = staticscan.scan(job.source, job.family.entry_points, tuple(k.name for k in job.family.knobs))
+    static = static_scan(job) if static is None else static
     static_ok = all(c.passed for c in static)
     out.stages.append({"name": "static", "passed": static_ok, "seconds": time.time() - t_start,
                        "checks": [c.to_dict() for c in static], "error": "", "failure_kind": "static"})

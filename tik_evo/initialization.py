@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tik_evo.audit import AuditJob, audit_slots, run_audit
+from tik_evo.audit import AuditJob, audit_slots, run_audit, static_scan
 from tik_evo.config import ConfigError, start_label, to_yaml
 from tik_evo.family import Family
 from tik_evo.knobs import knobs_or_none, read_knobs, write_knobs
@@ -218,8 +218,9 @@ def anchor_gpus(store: Store, cfg: DictConfig, family: Family, device: str, log=
     jobs = [AuditJob(family, source, root.source_hash, f"{root.id}-gpu{gpu}", st["workloads"],
                      list(cfg.correctness.seeds), OmegaConf.to_container(cfg.evaluate), device, gpu, slot=slot)
             for slot, gpu in todo]
+    static = static_scan(jobs[0])  # one source; scanned here, as `ast` must not run in two threads at once
     with ThreadPoolExecutor(len(jobs)) as pool:
-        outs = list(pool.map(lambda job: run_audit(store.run_dir, job), jobs))
+        outs = list(pool.map(lambda job: run_audit(store.run_dir, job, static), jobs))
     failed = [(job, out) for job, out in zip(jobs, outs) if not out.passed]
     if failed:
         job, out = failed[0]

@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tik_evo import lineage
 from tik_evo.action import Actor, Choice
-from tik_evo.audit import AuditJob, AuditOutcome, audit_slots, close_executors, run_audit, source_file
+from tik_evo.audit import AuditJob, AuditOutcome, audit_slots, close_executors, run_audit, source_file, static_scan
 from tik_evo.family import Family
 from tik_evo.knobs import knobs_or_none
 from tik_evo.operators.base import Proposal
@@ -127,7 +127,8 @@ class Search:
                         where = f"GPU {pending.job.gpu_index}" if self.device == "cuda" else "the CPU"
                         self.on_step({"phase": "audit", "text": f"auditing offspring of {pending.choice.parent} "
                                       f"on {where} ({len(in_flight) + 1} in flight)", "state": st})
-                        in_flight[pool.submit(run_audit, self.store.run_dir, pending.job)] = pending
+                        static = static_scan(pending.job)  # here: `ast` must not run in two threads at once
+                        in_flight[pool.submit(run_audit, self.store.run_dir, pending.job, static)] = pending
                     continue
                 if not in_flight:
                     return self._finish_run(reason or "stopped")
