@@ -221,19 +221,20 @@ def anchor_gpus(store: Store, cfg: DictConfig, family: Family, device: str, log=
     static = static_scan(jobs[0])  # one source; scanned here, as `ast` must not run in two threads at once
     with ThreadPoolExecutor(len(jobs)) as pool:
         outs = list(pool.map(lambda job: run_audit(store.run_dir, job, static), jobs))
+    first, passed = st["root_latencies"], [(job, out) for job, out in zip(jobs, outs) if out.passed]
+    with store.transaction() as txn:  # the GPUs that passed keep their timings, whatever the others did
+        by_gpu = txn.state.setdefault("root_latencies_by_gpu", {})
+        for job, out in passed:
+            by_gpu[str(job.gpu_index)] = {n: m["median_s"] for n, m in out.measurements.items()}
+        spread = max((abs(t / first[n] - 1) for lat in by_gpu.values() for n, t in lat.items()), default=0.0)
+        txn.state["budgets"]["wall_s"] += time.time() - t0
+        if passed:
+            txn.event("init", f"root timed on GPUs {', '.join(sorted(by_gpu))}: per-workload medians within "
+                              f"{spread:.1%} of the first's")
     failed = [(job, out) for job, out in zip(jobs, outs) if not out.passed]
     if failed:
         job, out = failed[0]
         raise InitError(f"the root failed its audit on GPU {job.gpu_index} ({out.failure_kind}): {out.failure[:1500]}"
                         f"\nevidence: {store.run_dir / 'audits' / job.impl_id}; leave that GPU out of evaluate.gpus "
                         f"and `tik-evo resume {store.run_dir} evaluate.gpus=[...]`")
-    first = st["root_latencies"]
-    with store.transaction() as txn:
-        by_gpu = txn.state.setdefault("root_latencies_by_gpu", {})
-        for job, out in zip(jobs, outs):
-            by_gpu[str(job.gpu_index)] = {n: m["median_s"] for n, m in out.measurements.items()}
-        spread = max(abs(t / first[n] - 1) for lat in by_gpu.values() for n, t in lat.items())
-        txn.state["budgets"]["wall_s"] += time.time() - t0
-        txn.event("init", f"root timed on GPUs {', '.join(sorted(by_gpu))}: per-workload medians within "
-                          f"{spread:.1%} of the first's")
     log(f"root timed on {len(by_gpu)} GPUs in {time.time() - t0:.1f} s: medians within {spread:.1%} of the first's")

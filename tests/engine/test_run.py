@@ -299,7 +299,8 @@ def test_the_root_is_timed_on_each_gpu_and_a_gpu_that_fails_it_is_named(tmp_path
         assert set(st["root_latencies_by_gpu"]["1"]) == set(st["root_latencies"])
         assert store.events()[-1]["text"].startswith("root timed on GPUs 0, 1: per-workload medians within")
         anchor_gpus(store, cfg, load_family("rmsnorm"), "cpu", log=lambda m: None, slots=[0, 1])  # nothing to do
+        events = len(store.events())
         with pytest.raises(InitError, match="the root failed its audit on GPU 3 \\(timeout\\)"):
             anchor_gpus(store, load_campaign(run / "config.yaml", ["evaluate.timeout_s=0.01"]),
                         load_family("rmsnorm"), "cpu", log=lambda m: None, slots=[0, 1, 3])
-        assert "3" not in store.state()["root_latencies_by_gpu"]
+        assert "3" not in store.state()["root_latencies_by_gpu"] and len(store.events()) == events
