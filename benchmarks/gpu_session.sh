@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | model_moe | model_graphs | model_speed | policy | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -120,6 +120,8 @@ while [ $# -gt 0 ]; do
       timeout 500 python3 benchmarks/policy_gpu.py ${POLICY_ARGS:-} --out "$OUT/policy.json" 2>&1 | tail -20 ;;
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots
       timeout 400 python3 benchmarks/family_checks_gpu.py "$f" ${FAMILY_CHECKS_LARGE:+--large} ${FAMILY_CHECKS_GRAPHS:+--graphs} --out "$OUT/family_checks_$(echo "$f" | tr , _).json" 2>&1 | tail -30 ;;
+    linear_backward)  # the dense linear backward (dedicated kernel, its tiles, transposed forward) vs cuBLAS
+      timeout 460 python3 benchmarks/linear_backward_gpu.py --budget-s 400 --out "$OUT/linear_backward.json" 2>&1 | tail -12 ;;
     linear_grouped)  # the experts' grouped launches (+ LINEAR_GROUPED_VARIANTS json) vs torch._grouped_mm / cuBLAS loop
       timeout 480 python3 benchmarks/linear_grouped_gpu.py ${LINEAR_GROUPED_VARIANTS:+--variants-json $LINEAR_GROUPED_VARIANTS} ${LINEAR_GROUPED_ARGS:-} \
         --budget-s ${LINEAR_GROUPED_BUDGET_S:-400} --out "$OUT/linear_grouped.json" 2>&1 | tail -40 ;;

@@ -69,6 +69,24 @@ def report_grouped(mod, path: str, k: int, n: int, write32: bool = False) -> dic
             **compile_sm90(mod._linear_grouped_kernel, sig, consts, mod.KNOBS[path + "_NUM_WARPS"], stages, aligned)}
 
 
+def report_backward(mod, tile: tuple | None = None) -> dict:
+    """The dense backward's GEMM (_linear_bwd_kernel) with BWD_TILE (or `tile`): dX (A row-major) and dW
+    (A transposed in shared memory), one pass over R and split into fp32 partials."""
+    bp, bq, br, group, warps, stages, _ = tile or mod.BWD_TILE
+    sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "ws_ptr": "*fp32", "P": "i32", "Q": "i32",
+           "R": "i32", "sa": "i32", "sb": "i32", "sc": "i32", "r_split": "i32"}
+    aligned = {"a_ptr", "b_ptr", "c_ptr", "ws_ptr", "Q", "sa", "sb", "sc", "r_split"}
+    out = {}
+    for a_t in (False, True):
+        for split in (1, 2):
+            # Split launches take at most 128x128 tiles (the root's _bwd_schedule).
+            p, q = (bp, bq) if split == 1 else (min(bp, 128), min(bq, 128))
+            consts = {"A_T": a_t, "SPLIT": split, "BLOCK_P": p, "BLOCK_Q": q, "BLOCK_R": br, "GROUP_P": group}
+            out[f"{'dW' if a_t else 'dX'}.split{split}"] = {"tile": f"{p}x{q}x{br}", **compile_sm90(
+                mod._linear_bwd_kernel, sig, consts, warps, stages, aligned)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--source", type=Path, default=ROOT / "kernels" / "linear" / "root.py")
@@ -81,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write32", action="store_true", help="with the fp32 output (the family's checks ask for it)")
     ap.add_argument("--grouped", action="store_true",
                     help="report the grouped launch (linear_grouped_*) of both paths at --k / --n instead")
+    ap.add_argument("--backward", action="store_true",
+                    help="report the dense backward's GEMM (BWD_TILE, or each tile of --tiles JSON) instead")
+    ap.add_argument("--tiles", default=None, help='JSON list of BWD_TILE tuples for --backward')
     args = ap.parse_args(argv)
+    if args.backward:
+        mod = load_variant(args.source, json.loads(args.knobs), "linear_report_backward")
+        for tile in json.loads(args.tiles) if args.tiles else [None]:
+            print(json.dumps({"tile": tile or list(mod.BWD_TILE), **report_backward(mod, tile)}), flush=True)
+        return 0
     variants = json.loads(args.variants.read_text()) if args.variants else {"cli": json.loads(args.knobs)}
     for name, knobs in variants.items():
         mod = load_variant(args.source, knobs, f"linear_report_{name}")

@@ -80,7 +80,7 @@ def per_expert_reference(root, x, w, bounds) -> torch.Tensor:
 
 # Alternatives to the grouped dW kernel's tile (BLOCK_N, BLOCK_K, BLOCK_R, warps, stages): wider tiles read each
 # expert's rows fewer times.
-DW_TILES = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 32, 8, 4), (128, 256, 32, 8, 3)]
+DW_TILES = [(64, 64, 64, 4, 3), (128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 32, 8, 4), (128, 256, 32, 8, 3)]
 
 
 def backward_cell(root, shape: str, n: int, k: int, peer_available: bool) -> dict:

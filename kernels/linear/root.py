@@ -393,8 +393,9 @@ def _linear_grouped_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, starts_ptr, E, T, N, K,
 
 
 # The grouped dW kernel's (BLOCK_N, BLOCK_K, BLOCK_R, warps, stages). Backward only, so not a knob (no bits
-# depend on it); benchmarks/linear_grouped_gpu.py times alternatives.
-DW_TILE = (64, 64, 64, 4, 3)
+# depend on it); benchmarks/linear_grouped_gpu.py times alternatives (H200, Qwen3-30B-A3B experts at 8192
+# tokens: 128x128x64 with 8 warps 1.29x faster than 64x64x64 with 4).
+DW_TILE = (128, 128, 64, 8, 3)
 
 
 @triton.jit
@@ -666,10 +667,92 @@ def linear_grouped_backward(x: torch.Tensor, weights: torch.Tensor, starts: torc
         BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, num_warps=warps, num_stages=stages)
 
 
+# The dense backward's (BLOCK_P, BLOCK_Q, BLOCK_R, GROUP_P, warps, stages, least rows of R per split). Backward
+# only, so not a knob (no bits depend on it, and the audit times the forward); benchmarks/linear_backward_gpu.py
+# times alternatives. BWD_KERNEL "transposed" runs the forward kernel on transposed views instead (pointer loads).
+BWD_TILE = (128, 256, 64, 8, 8, 3, 1024)
+BWD_KERNEL = "dedicated"
+
+
+@triton.jit(do_not_specialize=["P", "R"])
+def _linear_bwd_kernel(a_ptr, b_ptr, c_ptr, ws_ptr, P, Q, R, sa, sb, sc, r_split,
+                       A_T: tl.constexpr, SPLIT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_Q: tl.constexpr,
+                       BLOCK_R: tl.constexpr, GROUP_P: tl.constexpr):
+    # C[p, q] = sum_r A[p, r] * B[r, q] for the two backward GEMMs, every operand read through TMA from its
+    # row-major storage: A is [P, R] (dX = dY @ W), or [R, P] and transposed in shared memory (dW = dY^T @ X);
+    # B is [R, Q]. Persistent over (tile, split) items; TMA pads reads past R with zeros, so every item runs the
+    # same r_split loop (one pipeline). SPLIT > 1 (outputs too few to fill the GPU) stores fp32 partials, summed
+    # by the caller. Checked by tolerance only: no bitwise contract on gradients.
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[R, P], strides=[sa, 1], block_shape=[BLOCK_R, BLOCK_P])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[P, R], strides=[sa, 1], block_shape=[BLOCK_P, BLOCK_R])
+    b_desc = tl.make_tensor_descriptor(b_ptr, shape=[R, Q], strides=[sb, 1], block_shape=[BLOCK_R, BLOCK_Q])
+    items = tl.cdiv(P, BLOCK_P) * tl.cdiv(Q, BLOCK_Q) * SPLIT
+    for item in tl.range(tl.program_id(0), items, tl.num_programs(0), flatten=True):
+        pid_p, pid_q = _tile_ids(item // SPLIT, P, Q, BLOCK_P, BLOCK_Q, GROUP_P)
+        r_lo = (item % SPLIT) * r_split
+        acc = tl.zeros([BLOCK_P, BLOCK_Q], dtype=tl.float32)
+        for rr in range(0, r_split, BLOCK_R):
+            if A_T:
+                a = a_desc.load([r_lo + rr, pid_p * BLOCK_P]).T
+            else:
+                a = a_desc.load([pid_p * BLOCK_P, r_lo + rr])
+            acc = tl.dot(a, b_desc.load([r_lo + rr, pid_q * BLOCK_Q]), acc)
+        rows = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        cols = pid_q * BLOCK_Q + tl.arange(0, BLOCK_Q)
+        mask = (rows[:, None] < P) & (cols[None, :] < Q)
+        r = rows.to(tl.int64)[:, None]
+        if SPLIT == 1:
+            tl.store(c_ptr + r * sc + cols[None, :], acc.to(c_ptr.dtype.element_ty), mask=mask)
+        else:
+            ws_rows = (rows + (item % SPLIT) * P).to(tl.int64)[:, None]  # ws is [SPLIT * P, Q]
+            tl.store(ws_ptr + ws_rows * Q + cols[None, :], acc, mask=mask)
+
+
+def _bwd_schedule(P, Q, R, sms):
+    """(BLOCK_P, BLOCK_Q, splits, rows of R per split) of a backward GEMM (schedule only)."""
+    bp, bq, br, _, _, _, min_split_r = BWD_TILE
+    # Split the reduction only when the output tiles leave SMs idle and each split keeps min_split_r rows.
+    split = max(1, min(sms // (cdiv(P, bp) * cdiv(Q, bq)), R // min_split_r))
+    if split > 1:  # fp32 partials: a 128x256 fp32 tile's store would not fit in shared memory beside the pipeline
+        bp, bq = min(bp, 128), min(bq, 128)
+        split = max(1, min(sms // (cdiv(P, bp) * cdiv(Q, bq)), R // min_split_r))
+    r_split = cdiv(cdiv(R, split), br) * br
+    return bp, bq, cdiv(R, r_split), r_split
+
+
+def _bwd_gemm(a, b, c, a_t):
+    """c = a @ b (a_t: c = a^T @ b) for row-major a, b, c, by _linear_bwd_kernel."""
+    P, R = (a.shape[1], a.shape[0]) if a_t else a.shape
+    Q = b.shape[1]
+    if P == 0 or Q == 0:
+        return
+    if R == 0:
+        c.zero_()
+        return
+    sms = _sms(a.device)
+    bp, bq, split, r_split = _bwd_schedule(P, Q, R, sms)
+    _, _, br, group, warps, stages, _ = BWD_TILE
+    ws = torch.empty((split, P, Q), dtype=torch.float32, device=a.device) if split > 1 else c
+    if a.is_cuda:
+        triton.set_allocator(_tma_alloc)
+    fast(_linear_bwd_kernel)[(min(cdiv(P, bp) * cdiv(Q, bq) * split, sms),)](
+        a, b, c, ws, P, Q, R, a.stride(0), b.stride(0), c.stride(0), r_split, A_T=a_t, SPLIT=split,
+        BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=br, GROUP_P=group, num_warps=warps, num_stages=stages)
+    if split > 1:
+        c.copy_(ws.sum(0))
+
+
 def linear_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, grad_x: torch.Tensor,
                     grad_weight: torch.Tensor, grad_bias: torch.Tensor | None = None) -> None:
-    """Gradients of y = x @ W^T + b through the same kernel on transposed views (checked by tolerance)."""
-    _launch(grad_out, weight.t(), None, grad_x, None, "FULL")  # dX = dY @ W
-    _launch(grad_out.t(), x.t(), None, grad_weight, None, "FULL")  # dW = dY^T @ X
+    """Gradients of y = x @ W^T + b: dX = dY @ W and dW = dY^T @ X (checked by tolerance, not bit-exact)."""
+    dedicated = BWD_KERNEL == "dedicated" and all(_tma_ok(t, t) for t in (x, weight, grad_out, grad_x, grad_weight))
+    if dedicated:
+        _bwd_gemm(grad_out, weight, grad_x, False)
+        _bwd_gemm(grad_out, x, grad_weight, True)
+    else:  # the forward kernel on transposed views
+        _launch(grad_out, weight.t(), None, grad_x, None, "FULL")
+        _launch(grad_out.t(), x.t(), None, grad_weight, None, "FULL")
     if grad_bias is not None:
         grad_bias.copy_(grad_out.float().sum(0))
