@@ -46,6 +46,28 @@ def test_path_only_knobs_never_change_bits():
     assert torch.equal(outs[0].view(torch.int32), outs[1].view(torch.int32))
 
 
+def test_one_chunk_rows_get_the_chunked_loops_bits():
+    # A row no wider than BLOCK_H is read once and kept in registers; the chunked loops with the same BLOCK_H
+    # (forced by editing the branch away) must give the same bf16 and fp32 bits, and both paths pass.
+    import torch
+
+    from tik_evo import checks
+
+    src = R.root_with_knobs(FAM, {"BLOCK_H": 1024})
+    assert "if H <= BLOCK_H:" in src
+    one, chunked = R.load_source(src, "one"), R.load_source(src.replace("if H <= BLOCK_H:", "if False:"), "chunked")
+    x = checks.randn((13, 1000), checks.generator(5), torch.bfloat16, "cpu", scale=3.0)
+    w = checks.randn((1000,), checks.generator(6), torch.bfloat16, "cpu")
+    outs = []
+    for impl in (one, chunked):
+        y, y32 = torch.empty_like(x), torch.empty(x.shape, dtype=torch.float32)
+        impl.rmsnorm_decode(x, w, 1e-6, y, y32)
+        outs.append((y, y32))
+    assert torch.equal(outs[0][0].view(torch.int16), outs[1][0].view(torch.int16))
+    assert torch.equal(outs[0][1].view(torch.int32), outs[1][1].view(torch.int32))
+    assert R.failures(FAM, R.load_with_knobs(FAM, BLOCK_H=4096, NUM_WARPS=8)) == []
+
+
 def test_bench_runs_and_verifies():
     b = FAM.make_bench(R.load_with_knobs(FAM), {"name": "t", "phase": "decode", "batch": 3, "hidden": 700}, 0, "cpu")
     b.run()
