@@ -2,9 +2,10 @@
 
 The forward of each call is the file's full-sequence entry point with the arguments the model's training
 forward gives it, so its values are the kernel's bits, the ones the rollout's decode agrees with. The backward
-uses the file's own backward entry point where it has one (linear, grouped linear, add + RMSNorm, RoPE,
-SiLU-and-mul, log-prob) and fp32 torch arithmetic elsewhere (RMSNorm, QK RMSNorm, routing, embedding;
-attention recomputes with SDPA: `kernels/attention/autograd.py`). Backward need not be bit-exact.
+uses the file's own backward entry point where it has one (linear, grouped linear, RoPE, SiLU-and-mul,
+log-prob), one shared kernel for the norms (RMSNorm, QK RMSNorm, add + RMSNorm: `kernels/norm_backward.py`) and fp32
+torch arithmetic elsewhere (routing, embedding; attention recomputes with SDPA: `kernels/attention/autograd.py`).
+Backward need not be bit-exact.
 
     ops = KernelOps(impls)                       # impls: {family: kernel module}, e.g. kernels.decoder.roots()
     y = ops.linear(x, w)                         # bf16 [tokens, out], differentiable in x and w
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from kernels.attention.autograd import attention as _attention
+from kernels.norm_backward import rms_backward
 
 
 class _Call(torch.autograd.Function):
@@ -49,16 +51,6 @@ class _Call(torch.autograd.Function):
 
 def _apply(name, forward, backward, *inputs):
     return _Call.apply(name, forward, backward, *inputs)
-
-
-def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, eps: float):
-    """(grad_x, grad_weight) of y = x * rsqrt(mean(x^2) + eps) * weight over the last dimension, in fp32."""
-    xf, gy, wf = x.float(), grad_out.float(), weight.float()
-    rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    xhat = xf * rstd
-    gxhat = gy * wf
-    gx = rstd * (gxhat - xhat * (gxhat * xhat).mean(-1, keepdim=True))
-    return gx.to(x.dtype), (gy * xhat).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
 
 
 def routing_backward(logits: torch.Tensor, ids: torch.Tensor, grad_weights: torch.Tensor) -> torch.Tensor:
@@ -136,8 +128,8 @@ class KernelOps:
             k.add_rmsnorm_full(x, residual, w, eps, y, h)
             return y, h
 
-        def bwd(inputs, outputs, gy, gh):
-            gsum, gw = k.add_rmsnorm_backward(gy.contiguous(), gh.contiguous(), outputs[1], inputs[2], eps)
+        def bwd(inputs, outputs, gy, gh):  # the shared norm kernel on h (the file's torch backward is slower)
+            gsum, gw = rms_backward(outputs[1], inputs[2], gy, eps, gh)
             return gsum, gsum, gw
         return _apply("add_rmsnorm", fwd, bwd, x, residual, w)
 
