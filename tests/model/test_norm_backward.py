@@ -39,3 +39,38 @@ def test_rms_backward_adds_the_residual_outputs_gradient():
     assert checks.reference("dh", gh, hd.grad, tol=1.6e-2).passed
     without, _ = rms_backward(h, w, gy, 1e-6)
     assert not checks.reference("dh without grad_res", without, hd.grad, tol=1.6e-2).passed
+
+
+COMPILE = """
+import json, sys
+sys.path.insert(0, ".")
+from benchmarks.sm90 import compile_sm90
+from kernels.norm_backward import _rms_bwd_kernel
+from kernels.silu_mul.root import _silu_mul_bwd_kernel
+p = {"x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "dres_ptr": "*bf16", "dx_ptr": "*bf16", "ws_ptr": "*fp32"}
+sig = {**p, "n_rows": "i32", "H": "i32", "eps": "fp32"}
+out = {f"rms{b}x{r}": compile_sm90(_rms_bwd_kernel, sig, {"ROWS": r, "BLOCK_H": b, "HAS_RES": True}, w, 3, set(p))
+       for b, r, w in ((128, 32, 8), (4096, 1, 8))}
+sig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "dy_ptr": "*bf16", "dg_ptr": "*bf16", "du_ptr": "*bf16", "I": "i32",
+       "g_stride": "i32", "u_stride": "i32"}
+out["silu"] = compile_sm90(_silu_mul_bwd_kernel, sig, {"BLOCK_I": 1024}, 4, 3, set(sig))
+print(json.dumps(out))
+"""
+
+
+def test_policy_backward_kernels_compile_for_hopper_without_spills():
+    # No GPU in CI: the norm and SiLU-and-mul backward kernels compiled offline for sm_90a (QK norm's 128-wide
+    # heads 32 rows to a tile, a 2560-wide hidden row alone): they must build, and not spill.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, cwd=root,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    for name, rep in json.loads(r.stdout).items():
+        assert rep["spill_store_bytes"] == 0 and rep["LDG"] > 0, (name, rep)
