@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tik_evo.lineage import root_latencies
 from tik_evo.records import VERIFIED
 
 INTERP_TIMER = "wall-interpreter"
@@ -143,8 +144,12 @@ class RunView:
         audit = self.audit_of(impl_id)
         return median(audit.measurements.get(workload)) if audit else None
 
-    def root_latency(self, workload: str) -> float | None:
-        t = median((self.state.get("root_latencies") or {}).get(workload))
+    def root_latency(self, workload: str, impl_id: str | None = None) -> float | None:
+        """The root's time on `workload`, as timed on the GPU that audited `impl_id` (concurrent audits time the
+        root on each of their GPUs), else at initialization."""
+        audit = self.audit_of(impl_id) if impl_id else None
+        gpu = audit.device.get("gpu_index") if audit else None
+        t = median((root_latencies(self.state, gpu) if self.state.get("root_latencies") else {}).get(workload))
         return t if t is not None else self.latency(self.root_id, workload)
 
     def workload_paths(self) -> dict[str, str]:
@@ -177,7 +182,7 @@ class RunView:
         for w, p in self.workload_paths().items():
             if path is not None and p != path:
                 continue
-            t, r = self.latency(impl_id, w), self.root_latency(w)
+            t, r = self.latency(impl_id, w), self.root_latency(w, impl_id)
             if t is None or r is None:
                 return None
             wt = float(self.weights.get(w, 1.0))
@@ -193,7 +198,7 @@ class RunView:
         rows = []
         for w, m in audit.measurements.items():
             t = median(m)
-            r, pt = self.root_latency(w), self.latency(parent, w)
+            r, pt = self.root_latency(w, impl_id), self.latency(parent, w)
             max_s = (limits.get(w) or {}).get("max_s") or (audit.limits.get(w) or {}).get("max_s")
             if max_s is None and r is not None and (limits.get(w) or {}).get("limit"):
                 max_s = r * limits[w]["limit"]

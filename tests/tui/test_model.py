@@ -87,3 +87,16 @@ def test_status_counts_audits_per_gpu_when_they_ran_on_several(tmp_path):
         console.print(status(s))
     out = console.file.getvalue()
     assert "audits per GPU" in out and f"GPU 0: {(n + 1) // 2}, GPU 1: {n // 2}" in out, out
+
+
+def test_vs_root_uses_the_root_as_timed_on_the_audits_gpu():
+    # Concurrent audits: I1 ran on GPU 1, where the root timed 10% slower than at initialization. Its "vs root"
+    # divides by GPU 1's root time; without per-GPU timings, the initialization's.
+    view = _view(0.5)
+    view.state["root_latencies"] = {"a.prefill": 2e-3, "a.train": 2e-3, "a.decode": 1e-5}
+    assert {r.name: r.vs_root for r in view.workload_rows("I1")}["a.prefill"] == pytest.approx(2.0)
+    view.audits["U1"].device = {"gpu_index": 1}
+    view.state["root_latencies_by_gpu"] = {"1": {"a.prefill": 2.2e-3, "a.train": 2.2e-3, "a.decode": 1.1e-5},
+                                           "0": {"a.prefill": 2e-3, "a.train": 2e-3, "a.decode": 1e-5}}
+    assert {r.name: r.vs_root for r in view.workload_rows("I1")}["a.prefill"] == pytest.approx(2.2)
+    assert view.path_speedups("I1")["full"] == pytest.approx(2.2)
