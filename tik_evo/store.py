@@ -23,6 +23,7 @@ from tik_evo.records import SCHEMA_VERSION, TABLES, from_dict, to_dict
 
 DB_NAMES = (*TABLES.values(), "source", "state", "meta", "event")
 MAP_SIZE = 4 << 30  # virtual; the file grows only as records are written
+LOCK_WAIT_S = 0.5  # how long a writer waits for the lock before refusing (outlasts a status probe)
 
 
 class StoreError(RuntimeError):
@@ -171,7 +172,16 @@ class Store:
         path = self.run_dir / "writer.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            # A reader's `writer_pid` probe holds the lock for microseconds: wait that out, not a real writer.
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
         except BlockingIOError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
             os.close(fd)

@@ -62,8 +62,8 @@ def summary(run_dir: Path) -> dict[str, Any]:
 
 
 def run_state(run_dir: Path, finished: str | None) -> str:
-    """"finished: <reason>", "running" (its writer's pid is alive) or "stopped", read from files only: probing
-    the writer's lock could refuse a run that starts at that moment."""
+    """"finished: <reason>", "running" (its writer's pid is alive) or "stopped", read from files only (the sweep
+    view polls every run each second; a writer waits out a lock probe, but no need to make it wait)."""
     if finished:
         return f"finished: {finished}"
     try:

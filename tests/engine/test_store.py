@@ -52,6 +52,21 @@ def test_writer_pid_tells_running_from_interrupted(tmp_path):
         assert reader.writer_pid() is None  # killed: the kernel dropped its lock
 
 
+def test_writer_waits_out_a_status_probe_of_the_lock(tmp_path):
+    # `status` probes the writer's lock by taking it for a moment; a run starting in that moment must not be
+    # refused. Here the "probe" holds the lock for 0.1 s: the writer waits and gets it.
+    import fcntl
+    import os
+    import threading
+
+    Store.create(tmp_path).close()
+    fd = os.open(tmp_path / "writer.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    threading.Timer(0.1, lambda: os.close(fd)).start()
+    with Store.open_writer(tmp_path) as store:
+        assert store.writer_pid() == os.getpid()
+
+
 def test_same_process_second_writer_refused(tmp_path):
     store = Store.create(tmp_path)
     with pytest.raises(StoreLocked):
