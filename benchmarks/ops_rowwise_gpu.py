@@ -270,7 +270,11 @@ def peers(family: str, workload: dict, liger, fam_mod, impl=None) -> dict:
 
     Rotates through as many input sets as the families' own benches do (`checks.input_copies`), so a peer is
     not served from L2 while ours reads HBM (decode-sized inputs fit in the 60 MB L2)."""
-    sets = peer_sets(family, workload, liger, fam_mod, impl)
+    return rotated(peer_sets(family, workload, liger, fam_mod, impl))
+
+
+def rotated(sets: list[dict]) -> dict:
+    """name -> one callable rotating over the sets' calls of that name."""
     return {name: checks.rotate(lambda f: f(), [s[name] for s in sets]) for name in sets[0]}
 
 
@@ -284,11 +288,11 @@ def peer_sets(family: str, workload: dict, liger, fam_mod, impl=None) -> list[di
     return [first] + [peer_set(family, workload, liger, fam_mod, 123 + i, impl) for i in range(1, n)]
 
 
-def compiled_peer(family: str, workload: dict, liger, fam_mod):
-    """torch.compile of the eager peer, rotated over input sets like the others. Each set's call is compiled
+def compiled_peer(sets: list[dict]):
+    """torch.compile of the eager peer, rotated over the input sets like the others. Each set's call is compiled
     (one graph, the sets' tensors its inputs); compiling the rotating wrapper instead traced its Python index
     and timed below the time to read the bytes."""
-    calls = [torch.compile(s["torch"], dynamic=False) for s in peer_sets(family, workload, liger, fam_mod)]
+    calls = [torch.compile(s["torch"], dynamic=False) for s in sets]
     return checks.rotate(lambda f: f(), calls), calls[0]
 
 
@@ -492,7 +496,8 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
                 row.update(time_extra(fam, mod, w, timer, label))
             if family == "rope" and fam_mod.takes_rows(impl):
                 row["rows_bitwise"] = rope_rows_bitwise(impl, fam_mod, w)
-            for name, fn in peers(family, w, liger, fam_mod, impl).items():
+            sets = peer_sets(family, w, liger, fam_mod, impl)
+            for name, fn in rotated(sets).items():
                 if late and name != "torch" and name not in OURS_AS_PEERS:  # ours is always timed
                     row[f"{name}_skipped"] = "time budget"
                     continue
@@ -502,7 +507,7 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
                     row[f"{name}_error"] = repr(e)[:300]
                 if name == "torch" and w["name"] == first_full and not late and DEVICE == "cuda":
                     try:
-                        cfn, first = compiled_peer(family, w, liger, fam_mod)
+                        cfn, first = compiled_peer(sets)
                         t1 = time.time()
                         first()
                         row["compile_s"] = round(time.time() - t1, 1)

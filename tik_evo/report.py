@@ -97,7 +97,7 @@ def status(store: Store) -> Group:
         for col in ("workload", "root", "best", "speed-up", "limit"):
             t.add_column(col, justify="right" if col != "workload" else "left")
         a = audits[best]
-        root = root_latencies(st, audits[best].device.get("gpu_index"))
+        root = root_latencies(st, a.device.get("gpu_index"))
         for n, s in sp.items():
             t.add_row(n, fmt_time(root[n]), fmt_time(a.measurements[n]["median_s"]),
                       f"{s:.3f}x", f"{st['limits'][n]['limit']:.2f}x")

@@ -425,11 +425,11 @@ def _tma_alloc(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
 
-def _tma_ok(x, weight):
+def _tma_ok(*tensors):
     # TMA needs unit inner strides and 16-byte aligned rows; transposed views (the backward) use pointers.
     ok = all(t.stride(1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-             for t in (x, weight))
-    if ok and x.is_cuda:
+             for t in tensors)
+    if ok and tensors[0].is_cuda:
         triton.set_allocator(_tma_alloc)  # scratch for the in-kernel descriptors
     return ok
 
@@ -735,8 +735,6 @@ def _bwd_gemm(a, b, c, a_t):
     bp, bq, split, r_split = _bwd_schedule(P, Q, R, sms)
     _, _, br, group, warps, stages, _ = BWD_TILE
     ws = torch.empty((split, P, Q), dtype=torch.float32, device=a.device) if split > 1 else c
-    if a.is_cuda:
-        triton.set_allocator(_tma_alloc)
     fast(_linear_bwd_kernel)[(min(cdiv(P, bp) * cdiv(Q, bq) * split, sms),)](
         a, b, c, ws, P, Q, R, a.stride(0), b.stride(0), c.stride(0), r_split, A_T=a_t, SPLIT=split,
         BLOCK_P=bp, BLOCK_Q=bq, BLOCK_R=br, GROUP_P=group, num_warps=warps, num_stages=stages)
@@ -747,7 +745,7 @@ def _bwd_gemm(a, b, c, a_t):
 def linear_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, grad_x: torch.Tensor,
                     grad_weight: torch.Tensor, grad_bias: torch.Tensor | None = None) -> None:
     """Gradients of y = x @ W^T + b: dX = dY @ W and dW = dY^T @ X (checked by tolerance, not bit-exact)."""
-    dedicated = BWD_KERNEL == "dedicated" and all(_tma_ok(t, t) for t in (x, weight, grad_out, grad_x, grad_weight))
+    dedicated = BWD_KERNEL == "dedicated" and _tma_ok(x, weight, grad_out, grad_x, grad_weight)
     if dedicated:
         _bwd_gemm(grad_out, weight, grad_x, False)
         _bwd_gemm(grad_out, x, grad_weight, True)
