@@ -3,8 +3,9 @@
 The forward of each call is the file's full-sequence entry point with the arguments the model's training
 forward gives it, so its values are the kernel's bits, the ones the rollout's decode agrees with. The backward
 uses the file's own backward entry point where it has one (linear, grouped linear, RoPE, SiLU-and-mul,
-log-prob), one shared kernel for the norms (RMSNorm, QK RMSNorm, add + RMSNorm: `kernels/norm_backward.py`) and fp32
-torch arithmetic elsewhere (routing, embedding; attention recomputes with SDPA: `kernels/attention/autograd.py`).
+log-prob), one shared kernel for the norms (RMSNorm, QK RMSNorm, add + RMSNorm: `kernels/norm_backward.py`), the MoE
+glue's own kernels (`kernels/moe_combine.py`) and fp32 torch arithmetic elsewhere (routing, embedding; attention
+recomputes with SDPA: `kernels/attention/autograd.py`).
 Backward need not be bit-exact.
 
     ops = KernelOps(impls)                       # impls: {family: kernel module}, e.g. kernels.decoder.roots()
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from kernels.attention.autograd import attention as _attention
+from kernels.moe_combine import combine, combine_backward
 from kernels.norm_backward import rms_backward
 
 
@@ -181,6 +183,19 @@ class KernelOps:
             return (routing_backward(inputs[0], outputs[1], gw),)
         return _apply("moe_routing", fwd, bwd, logits)
 
+    def moe_dispatch(self, x, src, pos):
+        """x[src] (each token's row once per slot, in the experts' order; pos is src's inverse as [tokens, top_k]),
+        differentiable in x: the backward sums each token's slots in slot order."""
+        return _apply("moe_dispatch", lambda x, src, pos: x[src],
+                      lambda inputs, _, g: (combine(g, None, inputs[2]), None, None), x, src, pos)
+
+    def moe_combine(self, rows, weights, pos):
+        """Each token's expert rows weighted and summed in slot order (`kernels.moe_combine.combine`),
+        differentiable in the rows and the weights."""
+        def bwd(inputs, _, gy):
+            return (*combine_backward(*inputs, gy), None)
+        return _apply("moe_combine", combine, bwd, rows, weights, pos)
+
     def logprob(self, logits, targets, temperature):
         """(log-prob of each target, entropy), fp32, differentiable in the logits."""
         k = self.k["logprob"]
@@ -275,6 +290,15 @@ class TorchOps:
         ids = torch.sort(logits.float(), dim=-1, descending=True, stable=True).indices[:, :top_k]
         w = torch.softmax(logits.float().gather(1, ids), -1)
         return w.to(logits.dtype), ids.to(torch.int32)
+
+    def moe_dispatch(self, x, src, pos):
+        return x[src]
+
+    def moe_combine(self, rows, weights, pos):
+        picked = rows[pos.long()]  # [tokens, top_k, hidden]
+        if self.native:  # as a trainer weights and sums the experts' outputs: one batched bf16 product
+            return torch.bmm(weights[:, None, :], picked)[:, 0]
+        return (weights.float()[:, :, None] * picked.float()).sum(1).to(rows.dtype)
 
     def logprob(self, logits, targets, temperature):
         logp = torch.log_softmax(logits.float() / temperature, -1)

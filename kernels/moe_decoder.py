@@ -10,7 +10,8 @@ RMSNorm → NeoX RoPE → (rollout: KV-cache append) → causal GQA attention �
 MLP (gate and up linear → SiLU-and-mul → down linear) or MoE (router linear → softmax top-k routing with
 renormalisation → one MLP per expert over the tokens routed to it → slot-order weighted sum); after the last
 layer a fused add + final RMSNorm → lm_head linear → log-prob. Glue is torch indexing and copies (exact) and the
-MoE combine: fp32 multiply then add per slot in slot order, element-wise, so the same for any batch.
+MoE combine (`kernels/moe_combine.py`): each token's slots weighted and summed in fp32 in slot order, element by
+element, so the same for any batch.
 
 The policy update: `policy_logprobs` is `training_logprobs` with every family call made differentiable
 (`kernels.autograd`): the same kernels on the same arguments, so the same bits, and `backward()` gives the
@@ -27,6 +28,7 @@ from types import ModuleType, SimpleNamespace
 import torch
 
 from kernels.decoder import EPS, _heads_first, roots
+from kernels.moe_combine import combine
 
 FAMILIES = ("embedding", "rmsnorm", "add_rmsnorm", "qk_rmsnorm", "linear", "rope", "kv_append", "attention",
             "silu_mul", "moe_routing", "logprob")
@@ -157,27 +159,33 @@ class MoEDecoder:
         else:
             weights, ids = self._empty(x.shape[0], s.top_k), self._empty(x.shape[0], s.top_k, dtype=torch.int32)
             self._op("moe_routing", path, logits, weights, ids)
-        per_slot = self._empty(x.shape[0], s.top_k, s.hidden)
         if self.grouped:
-            per_slot.view(-1, s.hidden)[:] = self._grouped_ffn(layer, x, ids, path)
-        for e in ([] if self.grouped else torch.unique(ids).tolist()):
-            rows, slots = (ids == e).nonzero(as_tuple=True)
-            per_slot[rows, slots] = self._ffn(layer, e, x[rows].contiguous(), path)
-            self.expert_rows += rows.numel()
-        y = torch.zeros((x.shape[0], s.hidden), device=self.device, dtype=torch.float32)
-        for slot in range(s.top_k):
-            y = y + weights[:, slot:slot + 1].float() * per_slot[:, slot].float()
-        return y.to(torch.bfloat16)
+            rows, pos = self._grouped_ffn(layer, x, ids, path)
+        else:  # one launch per expert: the rows in (token, slot) order
+            rows = self._empty(x.shape[0] * s.top_k, s.hidden)
+            for e in torch.unique(ids).tolist():
+                hit = (ids.flatten() == e).nonzero()[:, 0]
+                rows[hit] = self._ffn(layer, e, x[hit // s.top_k].contiguous(), path)
+                self.expert_rows += hit.numel()
+            pos = torch.arange(rows.shape[0], device=self.device).view(-1, s.top_k)
+        if self.ops:
+            return self.ops.moe_combine(rows, weights, pos)
+        return combine(rows, weights, pos)
 
-    def _grouped_ffn(self, layer: int, x: torch.Tensor, ids: torch.Tensor, path: str) -> torch.Tensor:
-        """Every (token, slot) pair's expert MLP in three grouped launches: rows sorted by expert; returned in
-        (token, slot) order."""
+    def _grouped_ffn(self, layer: int, x: torch.Tensor, ids: torch.Tensor, path: str
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every (token, slot) pair's expert MLP in three grouped launches over the rows sorted by expert: (the
+        rows, pos) with pos[t, k] the row of token t's slot k."""
         s = self.s
         flat = ids.flatten().long()
         order = torch.argsort(flat, stable=True)
+        pos = torch.empty_like(order)
+        pos[order] = torch.arange(order.numel(), device=self.device)
+        pos = pos.view(-1, s.top_k)
         starts = torch.zeros(s.experts + 1, dtype=torch.int32, device=self.device)
         torch.cumsum(torch.bincount(flat, minlength=s.experts), 0, out=starts[1:])
-        xs = x[order // s.top_k].contiguous()
+        src = order // s.top_k
+        xs = self.ops.moe_dispatch(x, src, pos) if self.ops else x[src]
 
         def grouped(rows: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
             if self.ops:
@@ -189,9 +197,7 @@ class MoEDecoder:
         gate, up = grouped(xs, self.w_gate_stacked[layer]), grouped(xs, self.w_up_stacked[layer])
         down = grouped(self._silu_mul(gate, up, path), self.w_down_stacked[layer])
         self.expert_rows += xs.shape[0]
-        out = torch.empty_like(down)
-        out[order] = down
-        return out
+        return down, pos
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, path: str, attend,
                  keep: torch.Tensor | None = None) -> torch.Tensor:

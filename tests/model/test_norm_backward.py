@@ -45,6 +45,7 @@ COMPILE = """
 import json, sys
 sys.path.insert(0, ".")
 from benchmarks.sm90 import compile_sm90
+from kernels.moe_combine import _combine_bwd_kernel, _combine_kernel
 from kernels.norm_backward import _rms_bwd_kernel
 from kernels.silu_mul.root import _silu_mul_bwd_kernel
 p = {"x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "dres_ptr": "*bf16", "dx_ptr": "*bf16", "ws_ptr": "*fp32"}
@@ -54,13 +55,21 @@ out = {f"rms{b}x{r}": compile_sm90(_rms_bwd_kernel, sig, {"ROWS": r, "BLOCK_H": 
 sig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "dy_ptr": "*bf16", "dg_ptr": "*bf16", "du_ptr": "*bf16", "I": "i32",
        "g_stride": "i32", "u_stride": "i32"}
 out["silu"] = compile_sm90(_silu_mul_bwd_kernel, sig, {"BLOCK_I": 1024}, 4, 3, set(sig))
+p = {"rows_ptr": "*bf16", "w_ptr": "*bf16", "pos_ptr": "*i64", "out_ptr": "*bf16"}
+out["moe_combine"] = compile_sm90(_combine_kernel, {**p, "n_tok": "i32", "H": "i32"},
+                                  {"TOP_K": 8, "ROWS": 1, "BLOCK_H": 2048, "HAS_W": True}, 4, 3, {*p, "H"})
+p = {"rows_ptr": "*bf16", "w_ptr": "*bf16", "pos_ptr": "*i64", "gy_ptr": "*bf16", "grows_ptr": "*bf16",
+     "gw_ptr": "*bf16"}
+out["moe_combine_bwd"] = compile_sm90(_combine_bwd_kernel, {**p, "n_tok": "i32", "H": "i32"},
+                                      {"TOP_K": 8, "K_PAD": 8, "ROWS": 1, "BLOCK_H": 2048}, 4, 3, {*p, "H"})
 print(json.dumps(out))
 """
 
 
 def test_policy_backward_kernels_compile_for_hopper_without_spills():
-    # No GPU in CI: the norm and SiLU-and-mul backward kernels compiled offline for sm_90a (QK norm's 128-wide
-    # heads 32 rows to a tile, a 2560-wide hidden row alone): they must build, and not spill.
+    # No GPU in CI: the norm and SiLU-and-mul backward kernels and the MoE combine's compiled offline for sm_90a
+    # (QK norm's 128-wide heads 32 rows to a tile, a 2560-wide hidden row alone; top 8 of a 2048-wide hidden row):
+    # they must build, and not spill.
     import json
     import os
     import subprocess
@@ -72,5 +81,9 @@ def test_policy_backward_kernels_compile_for_hopper_without_spills():
     r = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, cwd=root,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
-    for name, rep in json.loads(r.stdout).items():
+    reports = json.loads(r.stdout)
+    for name, rep in reports.items():
         assert rep["spill_store_bytes"] == 0 and rep["LDG"] > 0, (name, rep)
+    # the combine's gathered rows load as 16-byte vectors (H a multiple of 16, as Triton specializes it at launch):
+    # 2 per slot and thread, plus each slot's position and weight
+    assert reports["moe_combine"]["LDG"] == 8 * 2 + 8 * 2, reports["moe_combine"]

@@ -67,6 +67,7 @@ def test_each_call_backpropagates_like_torch():
     cos, sin = rope_table(40, 32, 1e4, None, "cpu")
     pos = torch.tensor([0, 5, 17, 3, 39, 8, 2], dtype=torch.int32)
     starts = torch.tensor([0, 2, 2, 7], dtype=torch.int32)  # an expert without rows
+    perm = torch.randperm(14, generator=torch.Generator().manual_seed(1))  # pos: token t's slot k is row perm[2 t + k]
     cases = {
         "linear": ((rnd(7, 48), rnd(20, 48, scale=0.2)), ()),
         "linear_grouped": ((rnd(7, 48), rnd(3, 20, 48, scale=0.2)), (starts,)),
@@ -79,6 +80,9 @@ def test_each_call_backpropagates_like_torch():
         "moe_routing": ((rnd(7, 8, scale=2.0),), (2,)),
         "logprob": ((rnd(7, 96, scale=3.0),), (torch.randint(0, 96, (7,), generator=g).to(torch.int32), 0.7)),
         "attention": ((rnd(1, 4, 9, 32), rnd(1, 2, 9, 32), rnd(1, 2, 9, 32)), (32 ** -0.5,)),
+        # the MoE glue: 7 tokens, top 2, rows in a shuffled (experts') order
+        "moe_combine": ((rnd(14, 48), rnd(7, 2, scale=0.5)), (perm.view(7, 2),)),
+        "moe_dispatch": ((rnd(7, 48),), (torch.argsort(perm) // 2, perm.view(7, 2))),
     }
     order = {"embedding": lambda d, c: (*c, *d), "linear_grouped": lambda d, c: (*d, *c)}
     kernels = KernelOps(MoEDecoder(MoEShape(), 0, "cpu").k)

@@ -1,0 +1,64 @@
+"""The MoE layer's combine and dispatch-gradient kernels (kernels/moe_combine.py) under the interpreter: a token's
+combined row has the same bits whichever tokens share its launch, the values match fp64 arithmetic, and the
+backward matches fp64 autograd."""
+
+import pytest
+import torch
+
+from kernels.moe_combine import combine, combine_backward
+
+TOKENS, TOP_K, HIDDEN = 13, 4, 200  # HIDDEN: not a power of two, and wider than one column block for some tiles
+
+
+def case(seed: int, tokens: int = TOKENS, top_k: int = TOP_K, hidden: int = HIDDEN):
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn((tokens * top_k, hidden), generator=g).to(torch.bfloat16)
+    weights = torch.softmax(torch.randn((tokens, top_k), generator=g), -1).to(torch.bfloat16)
+    pos = torch.randperm(tokens * top_k, generator=g).view(tokens, top_k)  # the experts' order: any permutation
+    return rows, weights, pos
+
+
+def reference(rows, weights, pos):
+    return (weights.double()[:, :, None] * rows.double()[pos]).sum(1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_token_combines_to_the_same_bits_in_any_batch(seed):
+    rows, weights, pos = case(seed)
+    full = combine(rows, weights, pos)
+    assert full.dtype == torch.bfloat16 and full.shape == (TOKENS, HIDDEN)
+    for subset in ([0], [TOKENS - 1], [5, 2, 11], list(range(1, TOKENS, 2))):  # decode batches, any order
+        part = combine(rows, weights[subset], pos[subset])
+        assert torch.equal(part.view(torch.int16), full[subset].view(torch.int16)), subset
+    ref = reference(rows, weights, pos)
+    assert float((full.double() - ref).abs().max()) <= float(ref.abs().max()) * 2 ** -7  # one bf16 rounding
+    # int32 positions and no weights (the dispatch's gradient: the plain slot-order sum)
+    plain = combine(rows, None, pos.to(torch.int32))
+    assert torch.allclose(plain.double(), rows.double()[pos].sum(1), rtol=2 ** -7, atol=1e-2)
+
+
+def test_the_backward_matches_fp64_autograd():
+    rows, weights, pos = case(2)
+    gy = torch.randn((TOKENS, HIDDEN), generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    g_rows, g_w = combine_backward(rows, weights, pos, gy)
+    r64, w64 = rows.double().requires_grad_(), weights.double().requires_grad_()
+    reference(r64, w64, pos).backward(gy.double())
+    for ours, ref in ((g_rows, r64.grad), (g_w, w64.grad)):
+        assert ours.dtype == torch.bfloat16
+        rel = float((ours.double() - ref).norm() / ref.norm())
+        assert rel < 1e-2, rel
+    # rows no slot points at (more rows than pairs) get zero gradient
+    extra = torch.cat([rows, rows[:3]])
+    g_extra, _ = combine_backward(extra, weights, pos, gy)
+    assert torch.equal(g_extra[:-3], g_rows) and not g_extra[-3:].any()
+
+
+def test_no_tokens_and_bad_shapes():
+    rows, weights, pos = case(4)
+    assert combine(rows, weights[:0], pos[:0]).shape == (0, HIDDEN)
+    g_rows, g_w = combine_backward(rows, weights[:0], pos[:0], torch.empty((0, HIDDEN), dtype=torch.bfloat16))
+    assert not g_rows.any() and g_w.shape == (0, TOP_K)
+    with pytest.raises(ValueError, match=r"weights \(13, 3\) must have pos's shape \(13, 4\)"):
+        combine(rows, weights[:, :3], pos)
+    with pytest.raises(ValueError, match="pos \\[tokens, top_k\\] int32/int64"):
+        combine(rows, weights, pos.float())
