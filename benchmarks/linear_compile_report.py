@@ -71,7 +71,7 @@ def report_grouped(mod, path: str, k: int, n: int, write32: bool = False) -> dic
 
 def report_backward(mod, tile: tuple | None = None) -> dict:
     """The dense backward's GEMM (_linear_bwd_kernel) with BWD_TILE (or `tile`): dX (A row-major) and dW
-    (A transposed in shared memory), one pass over R and split into fp32 partials."""
+    (A transposed in shared memory), one pass over R and split into fp32 partials; and the grouped dW kernels."""
     bp, bq, br, group, warps, stages, _ = tile or mod.BWD_TILE
     sig = {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "ws_ptr": "*fp32", "P": "i32", "Q": "i32",
            "R": "i32", "sa": "i32", "sb": "i32", "sc": "i32", "r_split": "i32"}
@@ -84,6 +84,15 @@ def report_backward(mod, tile: tuple | None = None) -> dict:
             consts = {"A_T": a_t, "SPLIT": split, "BLOCK_P": p, "BLOCK_Q": q, "BLOCK_R": br, "GROUP_P": group}
             out[f"{'dW' if a_t else 'dX'}.split{split}"] = {"tile": f"{p}x{q}x{br}", **compile_sm90(
                 mod._linear_bwd_kernel, sig, consts, warps, stages, aligned)}
+    # The grouped launch's dW kernels (DW_TILE): pointer loads, and TMA over each expert's own rows.
+    bn, bk, br, warps, stages = mod.DW_TILE
+    ptrs = {"gy_ptr": "*bf16", "x_ptr": "*bf16", "gw_ptr": "*bf16", "starts_ptr": "*i32"}
+    consts = {"BLOCK_N": bn, "BLOCK_K": bk, "BLOCK_R": br}
+    strides = {"tma": ("sgm", "sxm", "swe", "swn"), "pointer": ("sgm", "sgn", "sxm", "sxk", "swe", "swn", "swk")}
+    for name, fn in (("pointer", mod._linear_grouped_dw_kernel), ("tma", mod._linear_grouped_dw_tma_kernel)):
+        sig = {**ptrs, "N": "i32", "K": "i32", **{st: "i32" for st in strides[name]}}
+        out[f"grouped_dW.{name}"] = {"tile": f"{bn}x{bk}x{br}", **compile_sm90(
+            fn, sig, consts, warps, stages, {*ptrs, "N", "K", "sgm", "sxm", "swe", "swn"})}
     return out
 
 

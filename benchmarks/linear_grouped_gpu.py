@@ -81,6 +81,9 @@ def per_expert_reference(root, x, w, bounds) -> torch.Tensor:
 # Alternatives to the grouped dW kernel's tile (BLOCK_N, BLOCK_K, BLOCK_R, warps, stages): wider tiles read each
 # expert's rows fewer times.
 DW_TILES = [(64, 64, 64, 4, 3), (128, 64, 64, 4, 3), (64, 128, 64, 4, 3), (128, 128, 32, 8, 4), (128, 256, 32, 8, 3)]
+# The TMA dW kernel (DW_KERNEL "tma": descriptors over each expert's rows) with these tiles.
+TMA_DW_TILES = [(128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 256, 64, 8, 3), (64, 128, 64, 4, 4),
+                (128, 64, 64, 4, 4)]
 
 
 def backward_cell(root, shape: str, n: int, k: int, peer_available: bool) -> dict:
@@ -93,18 +96,20 @@ def backward_cell(root, shape: str, n: int, k: int, peer_available: bool) -> dic
     gx, gw = torch.empty_like(x), torch.empty_like(w)
     cell = {"shape": shape, "n": n, "k": k, "rows": rows,
             "us": {"root": timed(lambda: root.linear_grouped_backward(x, w, starts, gy, gx, gw), False)}}
-    ref_gw, default = gw.clone(), root.DW_TILE
-    for tile in DW_TILES:  # the dW kernel's tile (dX unchanged): time and agreement with the root's tile
-        name = "dw_tile_" + "x".join(map(str, tile))
+    ref_gw, default = gw.clone(), (root.DW_TILE, root.DW_KERNEL)
+    # the dW kernel and its tile (dX unchanged): time, and agreement with the root's dW
+    for kernel, tile in [("pointer", t) for t in DW_TILES] + [("tma", t) for t in TMA_DW_TILES]:
+        name = ("dw_tile_" if kernel == "pointer" else "dw_tma_") + "x".join(map(str, tile))
         try:
-            root.DW_TILE = tile
+            root.DW_TILE, root.DW_KERNEL = tile, kernel
+            gw.fill_(float("nan"))
             cell["us"][name] = timed(lambda: root.linear_grouped_backward(x, w, starts, gy, gx, gw), False)
             cell.setdefault("dw_rel_l2_vs_root_tile", {})[name] = float(
                 (gw.float() - ref_gw.float()).norm() / ref_gw.float().norm())
         except Exception as e:  # noqa: BLE001 - a tile that does not fit (shared memory) loses only itself
             cell.setdefault("errors", {})[name] = repr(e)[:300]
         finally:
-            root.DW_TILE = default
+            root.DW_TILE, root.DW_KERNEL = default
     if peer_available:
         offs = starts[1:]
 

@@ -421,6 +421,38 @@ def _linear_grouped_dw_kernel(gy_ptr, x_ptr, gw_ptr, starts_ptr, N, K, sgm, sgn,
              acc.to(gw_ptr.dtype.element_ty), mask=(n[:, None] < N) & (k[None, :] < K))
 
 
+# DW_KERNEL "tma" reads each expert's rows through TMA instead (_linear_grouped_dw_tma_kernel); "pointer" is the
+# kernel above. Backward only, not a knob; benchmarks/linear_grouped_gpu.py times the two.
+DW_KERNEL = "pointer"
+
+
+@triton.jit
+def _linear_grouped_dw_tma_kernel(gy_ptr, x_ptr, gw_ptr, starts_ptr, N, K, sgm, sxm, swe, swn,
+                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+    # The pointer kernel's dW[e] = dY[rows of e]^T @ X[rows of e], with both operands read by TMA from
+    # descriptors over the expert's own rows (made here, one pair per program): TMA fills rows past the expert's
+    # last with zeros, so the R loop needs no mask and the next expert's rows never enter. dY's tile is
+    # transposed in shared memory, as in the dense backward's dW.
+    e = tl.program_id(0)
+    tiles_k = tl.cdiv(K, BLOCK_K)
+    n0 = (tl.program_id(1) // tiles_k) * BLOCK_N
+    k0 = (tl.program_id(1) % tiles_k) * BLOCK_K
+    lo = tl.load(starts_ptr + e).to(tl.int64)
+    rows = tl.load(starts_ptr + e + 1) - lo.to(tl.int32)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if rows > 0:
+        gy_desc = tl.make_tensor_descriptor(gy_ptr + lo * sgm, shape=[rows, N], strides=[sgm, 1],
+                                            block_shape=[BLOCK_R, BLOCK_N])
+        x_desc = tl.make_tensor_descriptor(x_ptr + lo * sxm, shape=[rows, K], strides=[sxm, 1],
+                                           block_shape=[BLOCK_R, BLOCK_K])
+        for r0 in range(0, rows, BLOCK_R):
+            acc = tl.dot(gy_desc.load([r0, n0]).T, x_desc.load([r0, k0]), acc)
+    n = n0 + tl.arange(0, BLOCK_N)
+    k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(gw_ptr + e.to(tl.int64) * swe + n[:, None] * swn + k[None, :],
+             acc.to(gw_ptr.dtype.element_ty), mask=(n[:, None] < N) & (k[None, :] < K))
+
+
 def _tma_alloc(size, alignment, stream):
     return torch.empty(size, dtype=torch.int8, device="cuda")
 
@@ -661,7 +693,14 @@ def linear_grouped_backward(x: torch.Tensor, weights: torch.Tensor, starts: torc
                          f"{list(grad_weights.shape)} do not agree")
     _launch_grouped(grad_out, weights.transpose(1, 2), starts, grad_x, None, "FULL")
     bn, bk, br, warps, stages = DW_TILE
-    fast(_linear_grouped_dw_kernel)[(E, cdiv(N, bn) * cdiv(K, bk))](
+    grid = (E, cdiv(N, bn) * cdiv(K, bk))
+    if DW_KERNEL == "tma" and grad_weights.stride(2) == 1 and _tma_ok(grad_out, x):
+        fast(_linear_grouped_dw_tma_kernel)[grid](
+            grad_out, x, grad_weights, starts.to(torch.int32), N, K, grad_out.stride(0), x.stride(0),
+            grad_weights.stride(0), grad_weights.stride(1), BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, num_warps=warps,
+            num_stages=stages)
+        return
+    fast(_linear_grouped_dw_kernel)[grid](
         grad_out, x, grad_weights, starts.to(torch.int32), N, K, grad_out.stride(0), grad_out.stride(1),
         x.stride(0), x.stride(1), grad_weights.stride(0), grad_weights.stride(1), grad_weights.stride(2),
         BLOCK_N=bn, BLOCK_K=bk, BLOCK_R=br, num_warps=warps, num_stages=stages)

@@ -345,6 +345,27 @@ def test_grouped_backward_checks_catch_a_wrong_weight_gradient():
     assert [name for name, kind, _ in bad] and all("grouped backward dW vs autograd" in name for name, _, _ in bad), bad
 
 
+def test_grouped_backward_through_tma_passes_the_checks_and_equals_the_pointer_kernel():
+    # DW_KERNEL "tma": descriptors over each expert's own rows (zeros past its last row, none of the next
+    # expert's); the family's grouped backward checks pass, and under the interpreter dW equals the pointer kernel's
+    # bit for bit (the same row blocks in the same order), an expert without rows included.
+    import torch
+
+    tma = load("grouped_dw_tma", lambda s: s.replace('DW_KERNEL = "pointer"', 'DW_KERNEL = "tma"'))
+    assert tma.DW_KERNEL == "tma"
+    assert [c for c in failures(tma, cases=FAMILY.check_cases("small")) if "grouped" in c[0]] == []
+    g = torch.Generator().manual_seed(0)
+    starts = torch.tensor([0, 70, 70, 211, 300], dtype=torch.int32)
+    x, gy = torch.randn((300, 64), generator=g).bfloat16(), torch.randn((300, 48), generator=g).bfloat16()
+    w = torch.randn((4, 48, 64), generator=g).bfloat16()
+    grads = []
+    for impl in (tma, load()):
+        gx, gw = torch.empty_like(x), torch.full_like(w, float("nan"))
+        impl.linear_grouped_backward(x, w, starts, gy, gx, gw)
+        grads.append(gw)
+    assert torch.equal(grads[0], grads[1]) and not grads[0][1].any()
+
+
 def test_grouped_tile_follows_the_knobs_and_stays_128_square_where_chunks_fold():
     # The grouped launches' own tile knobs (0 = the path's tile); a weight whose K chunks fold keeps two
     # accumulators, where 128x256 spills on sm_90a, so it falls back to the path's 128x128 tile.
@@ -394,8 +415,9 @@ def test_dense_backward_splits_only_small_outputs_with_long_reductions():
 
 
 def test_dense_backward_compiles_for_hopper_to_wgmma_from_tma_without_spills():
-    # No GPU in CI: the dedicated backward GEMM is compiled for sm_90a offline, dX and dW, unsplit and split;
-    # it must use wgmma on TMA loads, not spill and fit in shared memory.
+    # No GPU in CI: the dedicated backward GEMM is compiled for sm_90a offline, dX and dW, unsplit and split, and
+    # the grouped dW kernels; they must use wgmma (on TMA loads, but for the pointer dW), not spill and fit in
+    # shared memory.
     import json
     import os
     import subprocess
@@ -407,9 +429,10 @@ def test_dense_backward_compiles_for_hopper_to_wgmma_from_tma_without_spills():
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(r.stdout)
-    for launch in ("dX.split1", "dX.split2", "dW.split1", "dW.split2"):
+    for launch in ("dX.split1", "dX.split2", "dW.split1", "dW.split2", "grouped_dW.tma"):
         assert rep[launch]["HGMMA"] > 0 and rep[launch]["UTMALDG"] > 0, rep[launch]
         assert rep[launch]["spill_store_bytes"] == 0 and 0 < rep[launch]["shared_bytes"] <= 227 * 1024, rep[launch]
+    assert rep["grouped_dW.pointer"]["HGMMA"] > 0 and rep["grouped_dW.pointer"]["spill_store_bytes"] == 0
 
 
 def test_backward_benchmark_smoke_times_every_implementation_and_checks_them(tmp_path):
