@@ -1,6 +1,7 @@
 """Compile the MoE routing kernel (kernels/moe_routing) for Hopper (sm_90a) on any machine, no GPU needed, and
-count its instructions per token: the kernel is loop-free (every round unrolled), so the SASS of one program is
-what each program issues, and BLOCK_T tokens share it. With the launch's program count this gives the issue time
+count its instructions per token: with one tile per program the kernel is loop-free (every round unrolled), so
+the SASS of one program is what each program issues, and BLOCK_T tokens share it (with several tiles per program
+the counts are left out). With the launch's program count this gives the issue time
 a routing launch cannot go below (warp-instructions / (SMs x 4 schedulers x clock)).
 
     python benchmarks/routing_compile_report.py [--knobs '{"FULL_BLOCK_T": 16}'] [--tokens 32768]
@@ -33,6 +34,7 @@ def report(mod, path: str, experts: int, top_k: int, tokens: int) -> dict:
     contract = {**mod._contract(experts), "BLOCK_T": block_t}
     consts = {"RENORM": True, "WRITE32": True, "TOP_K": top_k, "K_PAD": mod.pow2(top_k),
               "TILES_PER_PROGRAM": mod.KNOBS[path + "_TILES_PER_PROGRAM"], "PREFETCH": mod.KNOBS[path + "_PREFETCH"],
+              "TOPK_NET": mod.KNOBS.get(path + "_TOPK_NET", False),
               "STAGE_KEYS": mod._stage_keys(contract["BLOCK_E"], contract["GROUP"], path, block_t, warps), **contract}
     with tempfile.TemporaryDirectory() as d:
         os.environ["SM90_SASS_DIR"] = d
@@ -44,12 +46,13 @@ def report(mod, path: str, experts: int, top_k: int, tokens: int) -> dict:
             del os.environ["SM90_SASS_DIR"]
     ops = Counter(m.split(".")[0] for m in re.findall(r"/\*[0-9a-f]{4,}\*/\s+([A-Z][A-Z0-9_.]*)", sass))
     per_program = out["instructions"] * warps  # every warp of the program issues the whole SASS
-    tokens_per_program = block_t * mod.KNOBS[path + "_TILES_PER_PROGRAM"]
-    warp_instr = per_program * -(-tokens // tokens_per_program)
+    counts = {"warp_instructions_per_token": per_program / block_t,
+              "issue_us_at_full_rate": per_program * -(-tokens // block_t) / (SMS * SCHEDULERS * CLOCK_HZ) * 1e6}
+    if mod.KNOBS[path + "_TILES_PER_PROGRAM"] > 1:  # a loop over tiles: the SASS is not what a program issues
+        counts = {k: None for k in counts}
     return {"path": path, "BLOCK_T": block_t, "warps": warps, "registers": out["registers"],
-            "instructions": out["instructions"], "warp_instructions_per_token": per_program / tokens_per_program,
-            "tokens": tokens, "issue_us_at_full_rate": warp_instr / (SMS * SCHEDULERS * CLOCK_HZ) * 1e6,
-            "top_ops": dict(ops.most_common(12))}
+            "spill_store_bytes": out["spill_store_bytes"], "SHFL": out["SHFL"], "instructions": out["instructions"],
+            **counts, "tokens": tokens, "top_ops": dict(ops.most_common(12))}
 
 
 def main(argv: list[str] | None = None) -> int:

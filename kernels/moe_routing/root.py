@@ -21,6 +21,11 @@ Selection (SELECT):
   order, like the fp64 reference, where "rounds" ties them to the lower expert). Only the k chosen
   probabilities are computed, with the same operations (exp(x - m) / s) as the other methods, and the row max
   comes from the first round. Each round is one subtraction and one unsigned min per element.
+  FULL_/DECODE_TOPK_NET (path knobs) take the k largest keys at once by a bitonic top-k network instead
+  (`tl.topk`: sorted runs of K_PAD, then halving by elementwise max and re-merging; slot 0 is the row max). Keys
+  are unique, so it picks the same keys in the same order: the same bits. With a row per thread it compiles to
+  min/max pairs only, about 10 per element in all, against 2 per element and round (offline sm_90a count:
+  `benchmarks/routing_compile_report.py`); with a row spread over threads it needs shuffles and selects.
 RENORM_FROM (with renormalisation and "logit_key" only): "probs" renormalises the k probabilities exp(x - m) / s;
 "logits" renormalises exp(x - m) of the k chosen experts directly, the same value without the row sum s, so
 the whole-row exp and sum are skipped (a different rounding: a contract choice).
@@ -58,10 +63,12 @@ KNOBS = {
     "FULL_NUM_STAGES": 1,
     "FULL_PREFETCH": False,
     "FULL_STAGE_KEYS": "off",
+    "FULL_TOPK_NET": False,
     "DECODE_TILES_PER_PROGRAM": 1,
     "DECODE_NUM_STAGES": 1,
     "DECODE_PREFETCH": False,
     "DECODE_STAGE_KEYS": "off",
+    "DECODE_TOPK_NET": False,
     "FULL_BLOCK_T": 8,
     "FULL_NUM_WARPS": 0,
     "DECODE_BLOCK_T": 0,
@@ -150,7 +157,8 @@ def _load_tile(x_ptr, tile, T, E, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, 
 @triton.jit
 def _route_tile(xb, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
                 BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr, FROM_LOGITS: tl.constexpr):
+                GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr, FROM_LOGITS: tl.constexpr,
+                TOPK_NET: tl.constexpr):
     """Route the loaded tile `xb` (from `_load_tile`) and store its outputs."""
     rows, rmask, cols, cmask = _tile_index(tile, T, E, BLOCK_T, BLOCK_E, GROUP)
     x = xb.to(tl.float32)
@@ -160,16 +168,21 @@ def _route_tile(xb, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr, WR
     total = tl.zeros([BLOCK_T], dtype=tl.float32)
     if SELECT == "logit_key":
         keys = _logit_key(xb, cols, BLOCK_E)  # padding experts hold -inf and a smaller tie-break: never first
-        key = _next_key(keys, tl.full([BLOCK_T], 1 << 30, tl.int32), GROUP)
-        top_keys = tl.where(kcols[None, :] == 0, key[:, None], 0)
+        if TOPK_NET:
+            top_keys = tl.topk(tl.reshape(keys, [BLOCK_T, BLOCK_E]), K_PAD)  # descending: the rounds' keys
+            key = tl.max(top_keys, 1)
+        else:
+            key = _next_key(keys, tl.full([BLOCK_T], 1 << 30, tl.int32), GROUP)
+            top_keys = tl.where(kcols[None, :] == 0, key[:, None], 0)
         m, _ = _key_logit(key, BLOCK_E)  # the row max (+0 for a -0 max: x - m is the same)
         m = tl.where(m == float("-inf"), 0.0, m)  # rows past T: keep them finite, they are never stored
         if not (RENORM and FROM_LOGITS):
             e = tl.exp(x - _bc(m, GROUP))
             s = tl.where(rmask, _row(e, "sum", GROUP), 1.0)
-        for k in tl.static_range(1, TOP_K):
-            key = _next_key(keys, key, GROUP)
-            top_keys = tl.where(kcols[None, :] == k, key[:, None], top_keys)
+        if not TOPK_NET:
+            for k in tl.static_range(1, TOP_K):
+                key = _next_key(keys, key, GROUP)
+                top_keys = tl.where(kcols[None, :] == k, key[:, None], top_keys)
         if STAGE_KEYS:
             # Round-trip the chosen keys through the ids output (exact): the reload takes the store's compact
             # layout, so the epilogue is not repeated by every thread that holds a part of the row.
@@ -226,7 +239,7 @@ def _route_tile(xb, w_ptr, w32_ptr, id_ptr, tile, T, E, RENORM: tl.constexpr, WR
 def _route_kernel(x_ptr, w_ptr, w32_ptr, id_ptr, T, E, RENORM: tl.constexpr, WRITE32: tl.constexpr,
                   BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
                   GROUP: tl.constexpr, SELECT: tl.constexpr, STAGE_KEYS: tl.constexpr, FROM_LOGITS: tl.constexpr,
-                  TILES_PER_PROGRAM: tl.constexpr, PREFETCH: tl.constexpr):
+                  TILES_PER_PROGRAM: tl.constexpr, PREFETCH: tl.constexpr, TOPK_NET: tl.constexpr):
     first = tl.program_id(0) * TILES_PER_PROGRAM
     if PREFETCH:
         # The next tile's load is issued before this tile's selection rounds, so a program's memory wait
@@ -236,13 +249,13 @@ def _route_kernel(x_ptr, w_ptr, w32_ptr, id_ptr, T, E, RENORM: tl.constexpr, WRI
             nxt = tl.where(i + 1 < TILES_PER_PROGRAM, first + i + 1, tl.cdiv(T, BLOCK_T))  # past T: no load
             xb_next = _load_tile(x_ptr, nxt, T, E, BLOCK_T, BLOCK_E, GROUP)
             _route_tile(xb, w_ptr, w32_ptr, id_ptr, first + i, T, E, RENORM, WRITE32, BLOCK_T, BLOCK_E, TOP_K,
-                        K_PAD, GROUP, SELECT, STAGE_KEYS, FROM_LOGITS)
+                        K_PAD, GROUP, SELECT, STAGE_KEYS, FROM_LOGITS, TOPK_NET)
             xb = xb_next
     else:
         for i in range(TILES_PER_PROGRAM):
             xb = _load_tile(x_ptr, first + i, T, E, BLOCK_T, BLOCK_E, GROUP)
             _route_tile(xb, w_ptr, w32_ptr, id_ptr, first + i, T, E, RENORM, WRITE32, BLOCK_T, BLOCK_E, TOP_K,
-                        K_PAD, GROUP, SELECT, STAGE_KEYS, FROM_LOGITS)
+                        K_PAD, GROUP, SELECT, STAGE_KEYS, FROM_LOGITS, TOPK_NET)
 
 
 def _contract(E: int) -> dict:
@@ -282,6 +295,7 @@ def _launch(logits, weights, ids, weights32, renormalize, path):
         logits, weights, weights32 if weights32 is not None else weights, ids, T, E,
         RENORM=bool(renormalize), WRITE32=weights32 is not None, TOP_K=top_k,
         K_PAD=pow2(top_k), TILES_PER_PROGRAM=tiles_pp, PREFETCH=KNOBS[path + "_PREFETCH"],
+        TOPK_NET=KNOBS[path + "_TOPK_NET"],
         STAGE_KEYS=_stage_keys(contract["BLOCK_E"], contract["GROUP"], path, block_t, warps), **contract,
         num_warps=warps, num_stages=KNOBS[path + "_NUM_STAGES"])
 

@@ -38,6 +38,9 @@ def test_root_passes_all_cases():
     # case keeps the contract tile in both paths
     {"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1, "DECODE_BLOCK_T": 2, "DECODE_NUM_WARPS": 2},
     {"FULL_BLOCK_T": 64, "FULL_NUM_WARPS": 2, "RENORM_FROM": "probs"},  # a row sum: the path tiles are ignored
+    # the top-k network: a row per thread in the full path; a flat tile (rows over 16 threads) with staged keys
+    {"FULL_TOPK_NET": True, "FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1, "DECODE_TOPK_NET": True, "DECODE_BLOCK_T": 2},
+    {"FULL_TOPK_NET": True, "EXPERT_GROUP": 0, "BLOCK_T": 8, "NUM_WARPS": 2, "FULL_STAGE_KEYS": "auto"},
 ])
 def test_knob_variants_pass(knobs):
     tag = "v" + str(abs(hash(tuple(sorted(knobs.items())))))
@@ -84,6 +87,47 @@ def test_select_methods_identical_on_ties(tile, experts, top_k, renorm):
                  renorm, True)
     for a, b in zip(dec, outs["logit_key"]):
         assert torch.equal(a, b[rows])
+
+
+def test_top_k_network_gives_the_roots_bits():
+    # FULL_/DECODE_TOPK_NET take the root's keys through tl.topk instead of k rounds: the same outputs bit for
+    # bit, on tie-heavy rows (signed zeros, -inf, equal runs), with and without renormalisation (the contract
+    # tile's row sum then), in both paths and at the tiles a campaign would try with it.
+    for experts, top_k, renorm in ((128, 8, True), (60, 6, False)):
+        x = _tie_logits(45, experts, seed=1)
+        root = load()
+        for tile in ({}, {"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1}, {"FULL_BLOCK_T": 16, "FULL_NUM_WARPS": 2}):
+            net = load("topk_net" + "_".join(map(str, tile.values())), FULL_TOPK_NET=True, DECODE_TOPK_NET=True,
+                       **tile)
+            for decode in (False, True):
+                want = _route(root, x, top_k, renorm, decode)
+                for a, b in zip(_route(net, x, top_k, renorm, decode), want):
+                    assert torch.equal(a, b), (experts, tile, decode)
+
+
+def test_top_k_network_with_a_row_per_thread_compiles_to_fewer_instructions_for_hopper():
+    # Offline sm_90a compile (no GPU in CI): with a row per thread the network stays in each thread's registers
+    # (no spills; the 16 shuffles are the epilogue's, a row over 4 threads needs 64) and issues fewer warp
+    # instructions per token than the rounds at the same tile.
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    full = {}
+    for name, knobs in (("rounds", {}), ("net", {"FULL_TOPK_NET": True})):
+        r = subprocess.run([sys.executable, str(root / "benchmarks" / "routing_compile_report.py"), "--knobs",
+                            json.dumps({"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1, **knobs})],
+                           capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        full[name] = json.loads(r.stdout.splitlines()[0])
+    net, rounds = full["net"], full["rounds"]
+    assert net["path"] == "FULL" and net["SHFL"] <= 16 and net["spill_store_bytes"] == 0, net
+    assert net["warp_instructions_per_token"] < 0.9 * rounds["warp_instructions_per_token"], (net, rounds)
+    assert net["registers"] < rounds["registers"], (net, rounds)
 
 
 def test_grouped_tile_keeps_ids_and_bf16_weights():
