@@ -57,14 +57,8 @@ def check_family(family) -> list[str]:
 
 
 def cmd_check(args) -> int:
-    from tik_evo.initialization import start_changes
-    from tik_evo.workloads import resolve_workloads
-
     cfg = load_campaign(args.campaign, args.overrides)
-    family = _family(cfg)
-    workloads = resolve_workloads(cfg, family)
-    start = start_changes(cfg, family)
-    problems = check_family(family)
+    family, workloads, start, problems = _check_campaign(cfg)
     if problems:
         for p in problems:
             console.print(f"[red]error:[/] {p}")
@@ -111,16 +105,21 @@ def _refuse_existing(run_dir: Path) -> None:
                           f"it, or pass store.path=<new dir>")
 
 
-def prepare(cfg):
-    """The campaign's family and workloads, with everything that can be checked before a run directory exists
-    (workloads, the start's knob changes, the family's root and knob space) checked."""
+def _check_campaign(cfg):
+    """(family, workloads, the start's knob changes, the family's problems): everything that can be checked
+    before a run directory exists. Bad workloads or start changes raise ConfigError."""
     from tik_evo.initialization import start_changes
     from tik_evo.workloads import resolve_workloads
 
     family = _family(cfg)
     workloads = resolve_workloads(cfg, family)
-    start_changes(cfg, family)
-    problems = check_family(family)
+    start = start_changes(cfg, family)
+    return family, workloads, start, check_family(family)
+
+
+def prepare(cfg):
+    """The campaign's family and workloads, checked as `tik-evo check` checks them (ConfigError otherwise)."""
+    family, workloads, _, problems = _check_campaign(cfg)
     if problems:
         raise ConfigError("; ".join(problems))
     return family, workloads
