@@ -3,9 +3,9 @@
 The forward of each call is the file's full-sequence entry point with the arguments the model's training
 forward gives it, so its values are the kernel's bits, the ones the rollout's decode agrees with. The backward
 uses the file's own backward entry point where it has one (linear, grouped linear, RoPE, SiLU-and-mul,
-log-prob), one shared kernel for the norms (RMSNorm, QK RMSNorm, add + RMSNorm: `kernels/norm_backward.py`), the MoE
-glue's own kernels (`kernels/moe_combine.py`) and fp32 torch arithmetic elsewhere (routing, embedding; attention
-recomputes with SDPA: `kernels/attention/autograd.py`).
+log-prob), one shared kernel for the norms (RMSNorm, QK RMSNorm, add + RMSNorm: `kernels/norm_backward.py`), one
+for the embedding table (`kernels/embedding_backward.py`), the MoE glue's own (`kernels/moe_combine.py`) and fp32
+torch arithmetic for the router (attention recomputes with SDPA: `kernels/attention/autograd.py`).
 Backward need not be bit-exact.
 
     ops = KernelOps(impls)                       # impls: {family: kernel module}, e.g. kernels.decoder.roots()
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from kernels.attention.autograd import attention as _attention
+from kernels.embedding_backward import embedding_backward
 from kernels.moe_combine import combine, combine_backward
 from kernels.norm_backward import rms_backward
 
@@ -110,8 +111,7 @@ class KernelOps:
 
         def bwd(inputs, _, gh):
             ids, table = inputs
-            gt = torch.zeros(table.shape, dtype=torch.float32, device=table.device)
-            return None, gt.index_add_(0, ids.long(), gh.float()).to(table.dtype)
+            return None, embedding_backward(ids, gh, table.shape[0]).to(table.dtype)
         return _apply("embedding", fwd, bwd, ids, table)
 
     def rmsnorm(self, x, w, eps):

@@ -1,6 +1,7 @@
-"""The MoE layer's combine and dispatch-gradient kernels (kernels/moe_combine.py) under the interpreter: a token's
-combined row has the same bits whichever tokens share its launch, the values match fp64 arithmetic, and the
-backward matches fp64 autograd."""
+"""The policy update's glue kernels under the interpreter. The MoE layer's combine and dispatch gradient
+(kernels/moe_combine.py): a token's combined row has the same bits whichever tokens share its launch, the values
+match fp64 arithmetic, and the backward matches fp64 autograd. The embedding table's gradient
+(kernels/embedding_backward.py) matches fp64 index_add."""
 
 import pytest
 import torch
@@ -62,3 +63,24 @@ def test_no_tokens_and_bad_shapes():
         combine(rows, weights[:, :3], pos)
     with pytest.raises(ValueError, match="pos \\[tokens, top_k\\] int32/int64"):
         combine(rows, weights, pos.float())
+
+
+def test_embedding_backward_sums_each_tokens_rows_like_fp64():
+    # kernels/embedding_backward.py (the policy update's table gradient): runs longer than one read block (a
+    # frequent token), the table's first and last rows, rows no token uses (zero), ids in any order, no tokens.
+    from kernels.embedding_backward import RUN_BLOCK, embedding_backward
+
+    g = torch.Generator().manual_seed(6)
+    ids = torch.cat([torch.full((2 * RUN_BLOCK + 3,), 7), torch.tensor([0, 49, 3, 3, 49]),
+                     torch.full((RUN_BLOCK,), 12)])
+    ids = ids[torch.randperm(ids.numel(), generator=g)].to(torch.int32)
+    gy = torch.randn((ids.numel(), 600), generator=g).to(torch.bfloat16)  # wider than one column block
+    grad = embedding_backward(ids, gy, 50)
+    ref = torch.zeros((50, 600), dtype=torch.float64).index_add_(0, ids.long(), gy.double())
+    assert grad.dtype == torch.bfloat16 and grad.shape == (50, 600)
+    assert float((grad.double() - ref).abs().max()) <= float(ref.abs().max()) * 2 ** -7
+    unused = [v for v in range(50) if v not in ids.tolist()]
+    assert not grad[unused].any() and grad[7].abs().sum() > 0
+    assert not embedding_backward(ids[:0], gy[:0], 50).any()
+    with pytest.raises(ValueError, match=r"ids must be \[tokens\] and grad_out \[tokens, hidden\]"):
+        embedding_backward(ids[:3], gy, 50)

@@ -62,14 +62,18 @@ p = {"rows_ptr": "*bf16", "w_ptr": "*bf16", "pos_ptr": "*i64", "gy_ptr": "*bf16"
      "gw_ptr": "*bf16"}
 out["moe_combine_bwd"] = compile_sm90(_combine_bwd_kernel, {**p, "n_tok": "i32", "H": "i32"},
                                       {"TOP_K": 8, "K_PAD": 8, "ROWS": 1, "BLOCK_H": 2048}, 4, 3, {*p, "H"})
+from kernels.embedding_backward import _run_sum_kernel
+p = {"sorted_ptr": "*i64", "order_ptr": "*i64", "gy_ptr": "*bf16", "gt_ptr": "*bf16"}
+out["embedding_bwd"] = compile_sm90(_run_sum_kernel, {**p, "n_tok": "i32", "H": "i32"}, {"BLOCK": 512, "RUN": 8}, 4, 1,
+                                    {*p, "H"})
 print(json.dumps(out))
 """
 
 
 def test_policy_backward_kernels_compile_for_hopper_without_spills():
-    # No GPU in CI: the norm and SiLU-and-mul backward kernels and the MoE combine's compiled offline for sm_90a
-    # (QK norm's 128-wide heads 32 rows to a tile, a 2560-wide hidden row alone; top 8 of a 2048-wide hidden row):
-    # they must build, and not spill.
+    # No GPU in CI: the norm, SiLU-and-mul and embedding backward kernels and the MoE combine's compiled offline
+    # for sm_90a (QK norm's 128-wide heads 32 rows to a tile, a 2560-wide hidden row alone; top 8 of a 2048-wide
+    # hidden row): they must build, and not spill.
     import json
     import os
     import subprocess
