@@ -15,7 +15,9 @@ root (the same cases on this GPU) and timed on the same cells right after it: `<
 `<label>_verify_passed` in each row, `x root` (the root's time over its time) in the table.
 
 Full-sequence workloads are timed with triton.testing.do_bench (median); decode workloads as CUDA-graph
-replays of 20 launches (per-launch median), peers the same way (torch.compile: full workloads only).
+replays of 20 launches (per-launch median), peers the same way (torch.compile: full workloads only). With
+`--rounds N` the root and its peers are timed N times, interleaved, and each figure is the median of its rounds
+(`<name>_us_rounds` keeps them): for cells where one reading is not enough.
 Imports only torch/triton/numpy/yaml + tik_evo.family/checks.
 """
 
@@ -27,6 +29,7 @@ import importlib
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -53,6 +56,7 @@ GRAPH_CALLS = 20
 DEVICE = "cuda"  # "cpu" (with --dry-run) exercises every code path under TRITON_INTERPRET=1
 WORKLOADS = "_models"  # workloads/<family><WORKLOADS>.yaml
 BUDGET = {"deadline": float("inf")}  # wall-clock guard: past it, skip torch.compile and remaining peers
+ROUNDS = {"n": 1}  # --rounds: root and peers timed again in interleaved rounds; each figure the median of its rounds
 
 # Timed workloads per family (names from workloads/<family>_models.yaml): the largest full pass, a small one,
 # and decode at batch 1 and 256. --all-workloads times every entry.
@@ -514,6 +518,8 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
                         row["compile_us"] = time_full(cfn)
                     except Exception as e:  # noqa: BLE001
                         row["compile_error"] = repr(e)[:300]
+            if ROUNDS["n"] > 1 and not late:
+                more_rounds(row, {"root": fam.make_bench(impl, w, 0, DEVICE).run, **rotated(sets)}, timer)
         except Exception as e:  # noqa: BLE001
             row["error"] = traceback.format_exc()[-1500:]
             print(f"{family} {w['name']}: {e!r}")
@@ -523,6 +529,21 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
         print(json.dumps(row, default=str), flush=True)
     res["workloads"] = rows
     return res
+
+
+def more_rounds(row: dict, fns: dict, timer) -> None:
+    """Time every implementation the row has a figure for ROUNDS - 1 more times, one after another in each round
+    (so a drifting clock or a neighbour's load falls on all of them): `<name>_us_rounds` keeps every round and
+    `<name>_us` becomes their median."""
+    fns = {n: f for n, f in fns.items() if f"{n}_us" in row}
+    for n in fns:
+        row[f"{n}_us_rounds"] = [row[f"{n}_us"]]
+    for _ in range(ROUNDS["n"] - 1):
+        for n, f in fns.items():
+            row[f"{n}_us_rounds"].append(timer(f))
+    for n in fns:
+        row[f"{n}_us"] = statistics.median(row[f"{n}_us_rounds"])
+    row["root_GBps"] = row["bytes"] / row["root_us"] / 1e3
 
 
 def run(families, out_dir: Path, all_workloads: bool = False, budget_s: float = 1e9,
@@ -637,7 +658,12 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=1e9, help="past this many seconds skip compile/Liger")
     ap.add_argument("--knobs", type=json.loads, default=None,
                     help='JSON {family: {knob: value}}: check and time these changes to the root instead')
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the root and its peers in this many interleaved rounds (medians; every round kept)")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: must be at least 1")
+    ROUNDS["n"] = args.rounds
     fams = [f for f in args.families.split(",") if f] or list(FAMILIES)
     if args.dry_run:
         _dry_run_setup()

@@ -139,3 +139,24 @@ def test_the_matmul_suite_loads_kernel_files_and_reports_them_against_the_root(t
     e = m.RESULTS["extras"]["moe_routing"]["best_I3"]
     assert e["vs_root"] == {"a": 0.8, "b": 1.25} and e["gmean_vs_root"] == pytest.approx(1.0)
     assert m.RESULTS["extras"]["linear"]["file_lin"]["vs_root"] == {"qkv.M4096": 0.9}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU form")
+def test_the_rowwise_suite_times_root_and_peers_in_interleaved_rounds(tmp_path, monkeypatch):
+    # `--rounds 3`: every figure of a row (the root's, each peer's) is the median of three rounds, all kept.
+    import statistics
+
+    from tik_evo.candidate import load_module
+
+    suite = load_module(ROOT / "benchmarks" / "ops_rowwise_gpu.py", "rowwise_rounds")
+    monkeypatch.setattr(suite, "ROUNDS", {"n": 1})
+    assert suite.main(["--dry-run", "--families", "rmsnorm", "--rounds", "3", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "rowwise.json").read_text())["families"]["rmsnorm"]["workloads"]
+    assert rows and all("error" not in r for r in rows)
+    for r in rows:
+        timed = [k[:-len("_us_rounds")] for k in r if k.endswith("_us_rounds")]
+        assert "root" in timed and "torch" in timed, r.keys()
+        for name in timed:
+            assert len(r[f"{name}_us_rounds"]) == 3 and r[f"{name}_us"] == statistics.median(r[f"{name}_us_rounds"])
+    with pytest.raises(SystemExit):
+        suite.main(["--dry-run", "--families", "rmsnorm", "--rounds", "0", "--out", str(tmp_path)])
