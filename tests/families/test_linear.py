@@ -449,3 +449,30 @@ def test_backward_benchmark_smoke_times_every_implementation_and_checks_them(tmp
     for cell in result["cells"]:
         assert cell["errors"] == {} and set(cell["ms"]) == {"dedicated", "transposed", "cublas"}, cell
         assert all(v < 1e-2 for errs in cell["rel_l2_vs_fp32"].values() for v in errs.values()), cell
+
+
+def test_grouped_benchmark_backward_cell_times_both_dw_kernels_and_restores_the_root(monkeypatch):
+    # benchmarks/linear_grouped_gpu.py's backward cell on the CPU (interpreter, 4 experts, tiny sizes, a stub
+    # timer): every dW variant, pointer and TMA, ran and agrees with the root's dW; the root's choice is restored.
+    import sys
+
+    import torch
+
+    from tik_evo.candidate import load_module
+
+    root_dir = Path(__file__).resolve().parents[2]
+    bench = load_module(root_dir / "benchmarks" / "linear_grouped_gpu.py", "bench_linear_grouped")
+    matmul = sys.modules["ops_matmul_gpu"]
+    monkeypatch.setattr(matmul, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "EXPERTS", 4)
+    monkeypatch.setattr(bench, "routed_starts", lambda *a, **k: torch.tensor([0, 9, 9, 40, 53], dtype=torch.int32))
+    monkeypatch.setattr(bench, "DW_TILES", [(64, 64, 32, 4, 2)])
+    monkeypatch.setattr(bench, "TMA_DW_TILES", [(64, 64, 32, 4, 2)])
+    monkeypatch.setattr(bench, "timed", lambda fn, graph: (fn(), 1.0)[1])
+    root = load()
+    before = (root.DW_KERNEL, root.DW_TILE)
+    cell = bench.backward_cell(root, "tiny", 48, 64, False)
+    assert "errors" not in cell, cell.get("errors")
+    assert set(cell["us"]) == {"root", "dw_tile_64x64x32x4x2", "dw_tma_64x64x32x4x2"}
+    assert all(v < 1e-2 for v in cell["dw_rel_l2_vs_root_tile"].values()), cell["dw_rel_l2_vs_root_tile"]
+    assert before == (root.DW_KERNEL, root.DW_TILE)
