@@ -106,12 +106,18 @@ class MoERoutingFamily(Family):
                             knobs=("FULL_TILES_PER_PROGRAM", "FULL_NUM_STAGES", "FULL_PREFETCH")),
             OpportunitySpec("decode_schedule", "Tune the decode launch for 1-256 tokens", paths=("decode",),
                             knobs=("DECODE_TILES_PER_PROGRAM", "DECODE_NUM_STAGES", "DECODE_PREFETCH",
-                                   "DECODE_BLOCK_T", "DECODE_NUM_WARPS")),
+                                   "DECODE_BLOCK_T", "DECODE_NUM_WARPS", "DECODE_TOPK_NET")),
             OpportunitySpec("full_path_tile", "Without a row sum the tile is free per path, so the full path "
                             "may take larger tiles than decode (H200: 8 tokens per tile 7.3 us at 32K tokens vs "
                             "7.8 at 4; 32 per warp, a whole row per thread, 8.4: latency-bound despite 87 instead "
                             "of 140 warp instructions per token)",
                             paths=("full",), knobs=("FULL_BLOCK_T", "FULL_NUM_WARPS")),
+            OpportunitySpec("topk_network", "Take the k largest logit keys at once from a bitonic top-k network "
+                            "instead of k rounds (the same keys, so the same bits). With a row per thread "
+                            "(FULL_BLOCK_T = 32 x FULL_NUM_WARPS) it is min/max pairs in registers: 73 warp "
+                            "instructions per token and 68 registers, against 87 and 163 for the rounds at that "
+                            "tile (offline sm_90a count); a row spread over threads needs shuffles and is worse",
+                            paths=("full",), knobs=("FULL_TOPK_NET", "FULL_BLOCK_T", "FULL_NUM_WARPS")),
         ]
 
     def check_cases(self, level: str) -> list[dict[str, Any]]:
