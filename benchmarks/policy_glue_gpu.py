@@ -1,0 +1,148 @@
+"""The policy update's glue kernels against the torch code they replaced, at the policy step's shapes
+(benchmarks/policy_gpu.py: Qwen3-30B-A3B's MoE layer at 8192 tokens, top 8 of 128 experts, hidden 2048; the
+Qwen3 embedding table, 151936 x 2560):
+- MoE combine, forward and backward (`kernels/moe_combine.py`) against the per-slot fp32 torch loop (forward
+  under autograd, then its backward) that the model harness ran before;
+- the dispatch's backward (slot-order sums) against autograd's index_add for x[src];
+- the embedding table's gradient (`kernels/embedding_backward.py`) against index_add into an fp32 table.
+Each row: median ms (do_bench), the peak memory the call added (MB), and the result's relative L2 against an
+fp32 torch reference (backward has no bitwise contract). Writes JSON.
+
+    PYTHONPATH=$PWD python3 benchmarks/policy_glue_gpu.py --out policy_glue.json
+    python3 benchmarks/policy_glue_gpu.py --smoke --out x.json   # tiny shapes under the CPU interpreter
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+if "--smoke" in sys.argv:  # before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels.embedding_backward import embedding_backward  # noqa: E402
+from kernels.moe_combine import combine, combine_backward  # noqa: E402
+
+SHAPES = {"tokens": 8192, "top_k": 8, "hidden": 2048, "vocab": 151936, "embed_hidden": 2560}
+SMOKE_SHAPES = {"tokens": 13, "top_k": 4, "hidden": 96, "vocab": 50, "embed_hidden": 40}
+
+
+def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def measure(fn, smoke: bool) -> dict:
+    """Median ms and the peak memory one call adds above what is allocated before it (MB; CUDA only)."""
+    if smoke:
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        return {"ms": (time.perf_counter() - t0) * 1e3}
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+    return {"ms": triton.testing.do_bench(fn, warmup=5, rep=40, return_mode="median"), "peak_extra_MB": peak}
+
+
+def torch_loop(rows, weights, pos):
+    """The harness's combine before the kernel: a per-slot fp32 multiply and add, then the cast."""
+    y = torch.zeros((pos.shape[0], rows.shape[1]), device=rows.device, dtype=torch.float32)
+    for slot in range(pos.shape[1]):
+        y = y + weights[:, slot:slot + 1].float() * rows[pos[:, slot]].float()
+    return y.to(torch.bfloat16)
+
+
+def run(shapes: dict, device: str, smoke: bool) -> dict:
+    g = torch.Generator(device=device).manual_seed(0)
+    T, K, H = shapes["tokens"], shapes["top_k"], shapes["hidden"]
+    rows = torch.randn((T * K, H), generator=g, device=device).to(torch.bfloat16)
+    weights = torch.softmax(torch.randn((T, K), generator=g, device=device), -1).to(torch.bfloat16)
+    pos = torch.randperm(T * K, generator=g, device=device).view(T, K)
+    gy = torch.randn((T, H), generator=g, device=device).to(torch.bfloat16)
+    out: dict = {"shapes": shapes, "cells": {}}
+
+    def cell(name, fn, result, ref):
+        try:
+            m = measure(fn, smoke)
+            m["rel_l2_vs_fp32"] = [rel_l2(a, b) for a, b in zip(result(), ref)]
+            out["cells"][name] = m
+        except Exception as e:  # noqa: BLE001 - one implementation's failure loses only its own row
+            out["cells"][name] = {"error": repr(e)[:300]}
+        print(name, out["cells"][name], flush=True)
+
+    # combine: forward, and forward + backward (what a policy step runs per MoE layer)
+    ref_y = (weights.float()[:, :, None] * rows.float()[pos]).sum(1)
+    r32, w32 = rows.float().requires_grad_(), weights.float().requires_grad_()
+    (w32[:, :, None] * r32[pos]).sum(1).backward(gy.float())
+    cell("combine.fwd.kernel", lambda: combine(rows, weights, pos), lambda: [combine(rows, weights, pos)], [ref_y])
+    cell("combine.fwd.torch_loop", lambda: torch_loop(rows, weights, pos), lambda: [torch_loop(rows, weights, pos)],
+         [ref_y])
+
+    def loop_fwd_bwd():
+        r, w = rows.detach().requires_grad_(), weights.detach().requires_grad_()
+        torch_loop(r, w, pos).backward(gy)
+        return r.grad, w.grad
+
+    cell("combine.fwd_bwd.kernel", lambda: (combine(rows, weights, pos), combine_backward(rows, weights, pos, gy)),
+         lambda: combine_backward(rows, weights, pos, gy), [r32.grad, w32.grad])
+    cell("combine.fwd_bwd.torch_loop", loop_fwd_bwd, loop_fwd_bwd, [r32.grad, w32.grad])
+
+    # the dispatch's backward: each token's slots summed (rows = x[src], src[pos[t, k]] = t)
+    src = torch.argsort(pos.flatten()) // K
+    ref_gx = torch.zeros((T, H), device=device, dtype=torch.float64).index_add_(0, src, rows.double())
+
+    def index_add():
+        return torch.zeros((T, H), device=device, dtype=torch.bfloat16).index_add_(0, src, rows)
+
+    cell("dispatch.bwd.kernel", lambda: combine(rows, None, pos), lambda: [combine(rows, None, pos)], [ref_gx])
+    cell("dispatch.bwd.index_add", index_add, lambda: [index_add()], [ref_gx])
+
+    # the embedding table's gradient
+    V, E = shapes["vocab"], shapes["embed_hidden"]
+    ids = torch.randint(0, V, (T,), generator=g, device=device, dtype=torch.int32)
+    ids[: T // 8] = 7  # a frequent token: one long run
+    gh = torch.randn((T, E), generator=g, device=device).to(torch.bfloat16)
+    ref_gt = torch.zeros((V, E), device=device, dtype=torch.float32).index_add_(0, ids.long(), gh.float())
+
+    def fp32_index_add():
+        return torch.zeros((V, E), device=device, dtype=torch.float32).index_add_(0, ids.long(), gh.float()).to(
+            torch.bfloat16)
+
+    cell("embedding.bwd.kernel", lambda: embedding_backward(ids, gh, V), lambda: [embedding_backward(ids, gh, V)],
+         [ref_gt])
+    cell("embedding.bwd.fp32_index_add", fp32_index_add, lambda: [fp32_index_add()], [ref_gt])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="policy_glue.json")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter (the code, not speed)")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        from tik_evo import interp
+        interp.install()
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke
+              else "cpu (interpreter)", "torch": torch.__version__, "triton": triton.__version__, "smoke": args.smoke,
+              **run(SMOKE_SHAPES if args.smoke else SHAPES, "cpu" if args.smoke else "cuda", args.smoke)}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
