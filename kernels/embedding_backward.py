@@ -3,10 +3,9 @@
 grad_table[v] = sum of grad_out[t] over the tokens t with ids[t] == v, and zero for every other row. The ids are
 sorted (stable), so each row's tokens lie in one run; the program at a run's first position sums the run in
 fp32, RUN_BLOCK tokens at a time in token order, and writes the row once, in the table's dtype. Every other
-program returns at once. The order
-of each sum is fixed (no atomics), there is no host sync (the runs are found on the device), and nothing of the
-table's size is allocated but the gradient itself: the index_add it replaces kept an fp32 copy of the whole table
-(1.6 GB for a 152K x 2560 vocabulary) and converted it afterwards.
+program returns at once. The order of each sum is fixed (no atomics), there is no host sync (the runs are found
+on the device), and nothing of the table's size is allocated but the gradient itself: the index_add it replaces
+kept an fp32 copy of the whole table (1.6 GB for a 152K x 2560 vocabulary) and converted it afterwards.
 """
 
 from __future__ import annotations
