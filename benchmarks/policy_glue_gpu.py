@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         from tik_evo import interp
         interp.install()
+    elif not torch.cuda.is_available():
+        print("error: this benchmark needs a CUDA GPU (--smoke runs its code on the CPU; tests/model/ has the checks)")
+        return 2
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() and not args.smoke
               else "cpu (interpreter)", "torch": torch.__version__, "triton": triton.__version__, "smoke": args.smoke,

@@ -364,14 +364,15 @@ def cmd_export(args) -> int:
 
 # `tik-evo bench NAME` for the benchmarks that are not one family's: NAME -> benchmarks/<script>.py
 SUITES = {"ops": "ops_gpu", "model": "model_consistency_gpu", "model-speed": "model_speed_gpu",
-          "model-graphs": "model_graphs_gpu", "policy": "policy_gpu"}
+          "model-graphs": "model_graphs_gpu", "policy": "policy_gpu", "policy-glue": "policy_glue_gpu"}
 
 
 def cmd_bench(args) -> int:
     """`tik-evo bench attention` runs kernels/attention/bench.py; `tik-evo bench ops` the operator families;
     `tik-evo bench model` rollout against training log-probs of a whole model, `model-speed` its training forward
     against cuBLAS / SDPA / torch, `model-graphs` its rollout with every kernel call replayed from a CUDA graph,
-    `policy` the policy update (forward + backward) on the kernels."""
+    `policy` the policy update (forward + backward) on the kernels, `policy-glue` its glue kernels against the
+    torch code they replaced."""
     if args.family in SUITES:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
         module = importlib.import_module(SUITES[args.family])
@@ -524,7 +525,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("-o", "--output", help="write the source here (default: standard output)")
     r.set_defaults(fn=cmd_kernel)
     r = sub.add_parser("bench", help="benchmark a family against its peers, or run ops / model / model-speed / "
-                                     "model-graphs / policy (GPU)")
+                                     "model-graphs / policy / policy-glue (GPU)")
     r.add_argument("family")
     r.add_argument("rest", nargs=argparse.REMAINDER)
     r.set_defaults(fn=cmd_bench)
