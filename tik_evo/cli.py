@@ -53,6 +53,12 @@ def check_family(family) -> list[str]:
         for k in o.knobs:
             if k not in names:
                 problems.append(f"kernels/{family.name}: opportunity {o.kind!r} names unknown knob {k!r}")
+        for k, v in o.values:
+            if k not in o.knobs:
+                problems.append(f"kernels/{family.name}: opportunity {o.kind!r} fixes {k!r}, not one of its knobs")
+            elif k in names and v not in family.knob(k).values:
+                problems.append(f"kernels/{family.name}: opportunity {o.kind!r} fixes {k}={v!r}, not one of "
+                                f"{list(family.knob(k).values)}")
     return problems
 
 

@@ -41,6 +41,9 @@ class OpportunitySpec:
     paths: tuple[str, ...] = ("full", "decode")
     knobs: tuple[str, ...] = ()
     workloads: tuple[str, ...] = ()  # empty: all
+    # Knobs of `knobs` the opportunity sets to one value (the mechanism itself, e.g. a switch), the others being
+    # sampled around it; a tuple of (name, value) pairs, so the spec stays hashable.
+    values: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass

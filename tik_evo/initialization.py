@@ -187,7 +187,7 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
             oid = txn.new_id("O")
             txn.put(Opportunity(oid, spec.kind, spec.mechanism, list(spec.paths), list(spec.knobs),
                                 list(spec.workloads), origin="family", repeatable=bool(spec.knobs),
-                                evidence=[uid], created=time.time()))
+                                values=dict(spec.values), evidence=[uid], created=time.time()))
             st["pending_opportunities"].append(oid)
         st["budgets"]["wall_s"] += time.time() - t0
         if device == "cuda":

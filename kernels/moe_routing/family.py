@@ -117,7 +117,8 @@ class MoERoutingFamily(Family):
                             "(FULL_BLOCK_T = 32 x FULL_NUM_WARPS) it is min/max pairs in registers: 73 warp "
                             "instructions per token and 68 registers, against 87 and 163 for the rounds at that "
                             "tile (offline sm_90a count); a row spread over threads needs shuffles and is worse",
-                            paths=("full",), knobs=("FULL_TOPK_NET", "FULL_BLOCK_T", "FULL_NUM_WARPS")),
+                            paths=("full",), knobs=("FULL_TOPK_NET", "FULL_BLOCK_T", "FULL_NUM_WARPS"),
+                            values=(("FULL_TOPK_NET", True),)),
         ]
 
     def check_cases(self, level: str) -> list[dict[str, Any]]:

@@ -118,3 +118,65 @@ def test_run_splits_a_faster_over_limit_bundle_and_tries_its_knobs(tmp_path, mon
         for a in used:
             o = next(o for o in splits if o.id == a.opportunity)
             assert {k: v for k, v in a.params.items() if not k.startswith("_")} in ({}, o.values)
+
+
+class RecordingTrial:
+    def __init__(self):
+        self.sampled = []
+
+    def suggest_categorical(self, name, choices):
+        self.sampled.append(name)
+        return choices[-1]
+
+
+def test_a_family_opportunity_fixes_its_switch_and_samples_the_rest():
+    # moe_routing's topk_network sets FULL_TOPK_NET=True (the mechanism) and samples the tile around it.
+    from tik_evo.families import load_family
+
+    family = load_family("moe_routing")
+    spec = next(o for o in family.opportunities() if o.kind == "topk_network")
+    assert dict(spec.values) == {"FULL_TOPK_NET": True}
+    opp = Opportunity("O1", spec.kind, spec.mechanism, list(spec.paths), list(spec.knobs), repeatable=True,
+                      values=dict(spec.values))
+    cfg = OmegaConf.structured(Campaign)
+    parent = Implementation("I0", "h", [], "joint", "verified", None, None, None, 1.0, 0.0)
+    trial = RecordingTrial()
+    prop = KnobOperator().propose(ActionContext(family, parent, family.root_source(), opp, cfg, None, trial))
+    assert prop.error == "" and prop.scope == "full"
+    assert trial.sampled == ["knob.FULL_BLOCK_T", "knob.FULL_NUM_WARPS"]
+    assert read_knobs(prop.source)["FULL_TOPK_NET"] is True and prop.params["FULL_TOPK_NET"] is True
+
+
+def test_check_names_an_opportunity_that_fixes_a_bad_value(monkeypatch):
+    from tik_evo.cli import check_family
+    from tik_evo.families import load_family
+    from tik_evo.family import OpportunitySpec
+
+    family = load_family("moe_routing")
+    bad = [OpportunitySpec("a", "m", knobs=("FULL_TOPK_NET",), values=(("FULL_TOPK_NET", "yes"),)),
+           OpportunitySpec("b", "m", knobs=("FULL_BLOCK_T",), values=(("FULL_TOPK_NET", True),))]
+    monkeypatch.setattr(family, "opportunities", lambda: bad)
+    problems = check_family(family)
+    assert any("opportunity 'a' fixes FULL_TOPK_NET='yes', not one of [False, True]" in p for p in problems)
+    assert any("opportunity 'b' fixes 'FULL_TOPK_NET', not one of its knobs" in p for p in problems)
+
+
+def test_initialization_seeds_a_family_opportunity_with_its_fixed_values(tmp_path):
+    # The root audit of a moe_routing run on the CPU (its tiny workloads): the topk_network opportunity lands in
+    # the IR with the value it fixes, which the knob operator then applies.
+    from tik_evo.config import load_campaign
+    from tik_evo.families import load_family
+    from tik_evo.initialization import initialize, resolve_device
+    from tik_evo.workloads import resolve_workloads
+
+    cfg = load_campaign(ROOT_DIR / "campaigns" / "h200_moe_routing.yaml", [
+        "gpu.policy=interpret", "workloads.file=../workloads/moe_routing_cpu.yaml", "workloads.only=[decode.B3.E128.k8]",
+        "correctness.seeds=[0]", "evaluate.interpreter_reps=1", f"store.path={tmp_path / 'run'}"])
+    family = load_family(cfg.kernel)
+    device, facts, _ = resolve_device(cfg)
+    with Store.create(tmp_path / "run") as store:
+        initialize(store, cfg, family, resolve_workloads(cfg, family), device, facts, log=lambda m: None)
+        seeded = [store.get(o) for o in store.state()["pending_opportunities"]]
+    net = [o for o in seeded if o.kind == "topk_network"]
+    assert len(net) == 1 and net[0].values == {"FULL_TOPK_NET": True} and net[0].origin == "family"
+    assert all(o.values == {} for o in seeded if o.kind != "topk_network")

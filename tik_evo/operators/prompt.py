@@ -76,6 +76,8 @@ def opportunity_text(opp: Opportunity | None, family: Any) -> str:
             lines.append(f"knob {name} ({k.role}; values {list(k.values)}): {k.doc}")
         except KeyError:
             lines.append(f"knob {name}")
+    if opp.values:
+        lines.append("this opportunity sets " + ", ".join(f"{n}={v!r}" for n, v in opp.values.items()))
     return "\n".join(lines)
 
 
