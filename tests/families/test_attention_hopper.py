@@ -3,8 +3,6 @@ plans (the Gluon kernels' shared memory, head bands, fall-backs and descriptors;
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from _attention import (
@@ -16,25 +14,18 @@ from _attention import (
 from kernels.attention import FAMILY
 
 
-def _compile_report(knobs: list[dict], paths: str, head_dim: int = 128) -> list[dict]:
-    """The offline sm_90a compile report of the root with each knob set, from one process."""
+def _compile_report(offline, knobs: list[dict], paths: str, head_dim: int = 128) -> list[dict]:
+    """The offline sm_90a compile report of the root with each knob set, from one process (`offline`: the
+    conftest fixture)."""
     import json
-    import os
-    import subprocess
-    import sys
 
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "attention_compile_report.py"),
-                        "--knobs", json.dumps(knobs), "--paths", paths, "--head-dim", str(head_dim)],
-                       capture_output=True, text=True, env=env, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
-    reps = json.loads(r.stdout)
+    reps = json.loads(offline("benchmarks/attention_compile_report.py", "--knobs", json.dumps(knobs), "--paths",
+                              paths, "--head-dim", str(head_dim), timeout=900))
     assert len(reps) == len(knobs)
     return reps
 
 
-def test_root_and_hopper_knobs_compile_for_hopper():
+def test_root_and_hopper_knobs_compile_for_hopper(offline):
     # The interpreter never compiles; this catches sources that run on the CPU but do not build for sm_90a.
     sets = [({}, False), ({"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl",
                            "DECODE_CHUNKS_PER_PROGRAM": 0, "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LOADS": 8,
@@ -44,7 +35,8 @@ def test_root_and_hopper_knobs_compile_for_hopper():
               "FULL_WS_CONSUMERS": 3}, False)]
     head_64 = ({"ROW_SUM": "tree", "FULL_WS_SCHEDULE": "serial", "FULL_WS_BUFFERS": 2, "FULL_WS_CONSUMERS": 3}, False)
     paths = "prefill,decode,merge,prefill_ws"
-    reps = _compile_report([k for k, _ in sets], paths) + _compile_report([head_64[0]], paths, head_dim=64)
+    reps = _compile_report(offline, [k for k, _ in sets], paths) + _compile_report(offline, [head_64[0]], paths,
+                                                                                   head_dim=64)
     for (knobs, tma), rep in zip(sets + [head_64], reps):
         for path in ("prefill", "decode", "prefill_ws"):
             assert rep[path]["HGMMA"] > 0 and rep[path]["spill_store_bytes"] == 0, (knobs, path, rep[path])
@@ -55,7 +47,7 @@ def test_root_and_hopper_knobs_compile_for_hopper():
         assert rep["prefill_ws"]["UTMALDG"] > 0 and rep["prefill_ws"]["USETMAXREG"] > 0, rep["prefill_ws"]
 
 
-def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
+def test_gluon_layout_free_row_sum_kernels_compile_for_hopper(offline):
     # 128-key blocks with the dot or tree row sum: the Gluon prefill issues the ones dot (one more wgmma per block
     # and consumer) or the tree's adds, and the Gluon decode streams 64-key sub-blocks; nothing spills, and the
     # decode's default three slots leave room for two programs an SM. The tree case also folds its partials in
@@ -68,7 +60,7 @@ def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
         if row_sum == "tree":
             knobs.update(DECODE_MERGE_LAUNCH="fused", DECODE_MERGE_LOADS=8, DECODE_MERGE_ROWS=1)
         sets.append(knobs)
-    reps = dict(zip(cases, _compile_report(sets, "prefill,prefill_ws,decode_ws")))
+    reps = dict(zip(cases, _compile_report(offline, sets, "prefill,prefill_ws,decode_ws")))
     for (_sched, row_sum), rep in reps.items():
         ws, dec = rep["prefill_ws"], rep["decode_ws"]
         assert ws["spill_store_bytes"] == 0 and ws["HGMMA"] > 0 and ws["shared_bytes"] <= 227 * 1024, ws
@@ -89,7 +81,7 @@ def test_gluon_layout_free_row_sum_kernels_compile_for_hopper():
             "FULL_NUM_STAGES": 2, "FULL_WS_DIAG": "half", "NORMALIZE": "reciprocal", "FULL_WS_LOADER_REGS": 24}
     overlap = {**half, "FULL_WS_SCHEDULE": "overlap", "FULL_WS_DIAG": "full", "FULL_WS_ACC": "shared",
                "FULL_WS_STORE": "tma"}
-    ws_half, ws_overlap = (rep["prefill_ws"] for rep in _compile_report([half, overlap], "prefill_ws"))
+    ws_half, ws_overlap = (rep["prefill_ws"] for rep in _compile_report(offline, [half, overlap], "prefill_ws"))
     assert ws_half["spill_store_bytes"] == 0, ws_half
     assert ws_half["HGMMA"] == reps["serial", "tree"]["prefill_ws"]["HGMMA"] + 12, ws_half
     assert ws_overlap["spill_store_bytes"] == 0 and ws_overlap["shared_bytes"] <= 227 * 1024, ws_overlap

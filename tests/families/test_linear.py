@@ -289,20 +289,12 @@ def test_grouped_launch_gives_each_row_its_weights_linear_bits(knobs, k):
         impl.linear_grouped_full(x, w, starts[:-1], y, None)
 
 
-def test_grouped_launch_compiles_for_hopper_to_wgmma_without_spills():
+def test_grouped_launch_compiles_for_hopper_to_wgmma_without_spills(offline):
     # No GPU in CI: the grouped launch is compiled for sm_90a offline (Triton's bundled ptxas), both paths, on a
     # weight that folds K chunks (K 9728); it must use wgmma, not spill and fit in shared memory.
     import json
-    import os
-    import subprocess
-    import sys
 
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "linear_compile_report.py"), "--grouped",
-                        "--k", "9728", "--n", "2560"], capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rep = json.loads(r.stdout)
+    rep = json.loads(offline("benchmarks/linear_compile_report.py", "--grouped", "--k", "9728", "--n", "2560"))
     for path in ("grouped.full", "grouped.decode"):
         assert rep[path]["k_chunk"] == 4096 and rep[path]["HGMMA"] > 0, rep[path]
         assert rep[path]["spill_store_bytes"] == 0 and 0 < rep[path]["shared_bytes"] <= 227 * 1024, rep[path]
@@ -414,21 +406,13 @@ def test_dense_backward_splits_only_small_outputs_with_long_reductions():
     assert root._bwd_schedule(128, 2048, 1500, 132)[2] == 1  # too few rows to split
 
 
-def test_dense_backward_compiles_for_hopper_to_wgmma_from_tma_without_spills():
+def test_dense_backward_compiles_for_hopper_to_wgmma_from_tma_without_spills(offline):
     # No GPU in CI: the dedicated backward GEMM is compiled for sm_90a offline, dX and dW, unsplit and split, and
     # the grouped dW kernels; they must use wgmma (on TMA loads, but for the pointer dW), not spill and fit in
     # shared memory.
     import json
-    import os
-    import subprocess
-    import sys
 
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, str(root / "benchmarks" / "linear_compile_report.py"), "--backward"],
-                       capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    rep = json.loads(r.stdout)
+    rep = json.loads(offline("benchmarks/linear_compile_report.py", "--backward"))
     for launch in ("dX.split1", "dX.split2", "dW.split1", "dW.split2", "grouped_dW.tma"):
         assert rep[launch]["HGMMA"] > 0 and rep[launch]["UTMALDG"] > 0, rep[launch]
         assert rep[launch]["spill_store_bytes"] == 0 and 0 < rep[launch]["shared_bytes"] <= 227 * 1024, rep[launch]

@@ -105,25 +105,17 @@ def test_top_k_network_gives_the_roots_bits():
                     assert torch.equal(a, b), (experts, tile, decode)
 
 
-def test_top_k_network_with_a_row_per_thread_compiles_to_fewer_instructions_for_hopper():
+def test_top_k_network_with_a_row_per_thread_compiles_to_fewer_instructions_for_hopper(offline):
     # Offline sm_90a compile (no GPU in CI): with a row per thread the network stays in each thread's registers
     # (no spills; the 16 shuffles are the epilogue's, a row over 4 threads needs 64) and issues fewer warp
     # instructions per token than the rounds at the same tile.
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     full = {}
     for name, knobs in (("rounds", {}), ("net", {"FULL_TOPK_NET": True})):
-        r = subprocess.run([sys.executable, str(root / "benchmarks" / "routing_compile_report.py"), "--knobs",
-                            json.dumps({"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1, **knobs})],
-                           capture_output=True, text=True, env=env, timeout=600)
-        assert r.returncode == 0, r.stderr[-2000:]
-        full[name] = json.loads(r.stdout.splitlines()[0])
+        out = offline("benchmarks/routing_compile_report.py", "--knobs",
+                      json.dumps({"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1, **knobs}))
+        full[name] = json.loads(out.splitlines()[0])
     net, rounds = full["net"], full["rounds"]
     assert net["path"] == "FULL" and net["SHFL"] <= 16 and net["spill_store_bytes"] == 0, net
     assert net["warp_instructions_per_token"] < 0.9 * rounds["warp_instructions_per_token"], (net, rounds)
