@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from kernels.attention.autograd import attention as _attention
+from kernels.attention.autograd import attention_packed as _attention_packed
 from kernels.embedding_backward import embedding_backward
 from kernels.moe_combine import combine, combine_backward
 from kernels.norm_backward import rms_backward
@@ -217,6 +218,13 @@ class KernelOps:
         """Causal attention of one sequence, q [1, HQ, S, D], k/v [1, HKV, S, D]."""
         return _attention(q, k, v, self.k["attention"], sm_scale)
 
+    def attention_packed(self, q, k, v, bounds, sm_scale):
+        """Causal attention of packed sequences (rows bounds[b]..bounds[b + 1]), q [T, HQ, D], k/v [T, HKV, D]:
+        one packed launch where the kernel file has `prefill_packed`, else one launch per sequence."""
+        if hasattr(self.k["attention"], "prefill_packed"):
+            return _attention_packed(q, k, v, bounds, self.k["attention"], sm_scale)
+        return _per_sequence(self.attention, q, k, v, bounds, sm_scale)
+
 
 _GROUPED_MM: dict = {}
 
@@ -309,6 +317,17 @@ class TorchOps:
         o = F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), is_causal=True, scale=sm_scale,
                                            enable_gqa=q.shape[1] != k.shape[1])
         return o.to(q.dtype)
+
+    def attention_packed(self, q, k, v, bounds, sm_scale):
+        return _per_sequence(self.attention, q, k, v, bounds, sm_scale)
+
+
+def _per_sequence(attention, q, k, v, bounds, sm_scale):
+    """Packed attention ([T, heads, D], sequences at rows bounds[b]..bounds[b + 1]) as one `attention` call per
+    sequence on its heads-first copies ([1, heads, S, D])."""
+    outs = [attention(*(t[lo:hi].transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v)), sm_scale)
+            for lo, hi in zip(bounds, bounds[1:])]
+    return torch.cat([o[0].transpose(0, 1) for o in outs])
 
 
 class RecordingRouting:

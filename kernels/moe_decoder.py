@@ -229,15 +229,22 @@ class MoEDecoder:
         return lp
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int]) -> torch.Tensor:
-        """Causal attention of each packed sequence over its own rows (one prefill launch per sequence)."""
+        """Causal attention of each packed sequence over its own rows: one packed launch where the attention file
+        has `prefill_packed` (each token gets `prefill`'s bits for its sequence alone), else one per sequence."""
+        scale = 1 / math.sqrt(self.s.head_dim)
+        if self.ops:
+            return self.ops.attention_packed(q, k, v, bounds, scale).reshape(q.shape[0], -1)
+        impl = self.k["attention"]
+        if hasattr(impl, "prefill_packed"):
+            out = torch.empty_like(q)
+            cu = torch.tensor(bounds, dtype=torch.int32).to(self.device, non_blocking=True)
+            impl.prefill_packed(q, k, v, cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:])), scale, out)
+            return out.reshape(q.shape[0], -1)
         out = self._empty(q.shape[0], q.shape[1] * q.shape[2])
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             qh, kh, vh = _heads_first(q[lo:hi]), _heads_first(k[lo:hi]), _heads_first(v[lo:hi])
-            if self.ops:
-                o = self.ops.attention(qh, kh, vh, 1 / math.sqrt(self.s.head_dim))
-            else:
-                o = torch.empty_like(qh)
-                self.k["attention"].prefill(qh, kh, vh, 1 / math.sqrt(self.s.head_dim), o)
+            o = torch.empty_like(qh)
+            impl.prefill(qh, kh, vh, scale, o)
             out[lo:hi] = o[0].transpose(0, 1).reshape(hi - lo, -1)
         return out
 
@@ -329,12 +336,14 @@ class MoEDecoder:
 @contextlib.contextmanager
 def hooked(m: MoEDecoder, wrap):
     """Within the block, every family call of the model runs as wrap(family, path, call, *args), attention's
-    prefill with path "full" and its decode with "decode"; the model is given back unwrapped. (policy_logprobs'
-    calls go through its differentiable `ops` instead.)"""
+    prefill (and packed prefill, where the file has one) with path "full" and its decode with "decode"; the model
+    is given back unwrapped. (policy_logprobs' calls go through its differentiable `ops` instead.)"""
     op, attn = m._op, m.k["attention"]
     m._op = lambda family, path, *a: wrap(family, path, lambda *b: op(family, path, *b), *a)
-    m.k = {**m.k, "attention": SimpleNamespace(prefill=lambda *a: wrap("attention", "full", attn.prefill, *a),
-                                               decode=lambda *a: wrap("attention", "decode", attn.decode, *a))}
+    entries = {n: path for n, path in (("prefill", "full"), ("prefill_packed", "full"), ("decode", "decode"))
+               if hasattr(attn, n)}
+    m.k = {**m.k, "attention": SimpleNamespace(**{
+        n: (lambda *a, n=n, path=path: wrap("attention", path, getattr(attn, n), *a)) for n, path in entries.items()})}
     try:
         yield
     finally:

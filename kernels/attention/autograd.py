@@ -7,6 +7,8 @@ forward log-probs have to equal the rollout's.
     impl = load_kernel("attention_kernel.py")     # e.g. from `tik-evo kernel attention --set ... -o ...`
     out = attention(q, k, v, impl)                 # q [B, HQ, S, D], k/v [B, HKV, S, D], bf16
     loss(out).backward()
+    out = attention_packed(q, k, v, bounds, impl, sm_scale)   # packed: q [T, HQ, D], k/v [T, HKV, D]; needs
+                                                              # impl.prefill_packed
 """
 
 from __future__ import annotations
@@ -47,6 +49,44 @@ class _Attention(torch.autograd.Function):
                                                enable_gqa=q.shape[1] != k.shape[1])
             grads = torch.autograd.grad(o, (q, k, v), grad_out)
         return (*grads, None, None)
+
+
+class _PackedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, impl, bounds, sm_scale):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = torch.empty_like(q)
+        cu = torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True)
+        with record_function("policy:attention.fwd"):
+            impl.prefill_packed(q, k, v, cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:])), sm_scale, out)
+        ctx.save_for_backward(q, k, v)
+        ctx.bounds, ctx.sm_scale = bounds, sm_scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v = ctx.saved_tensors
+        grads = [torch.empty_like(t) for t in (q, k, v)]
+        with torch.enable_grad(), record_function("policy:attention.bwd"):
+            for lo, hi in zip(ctx.bounds, ctx.bounds[1:]):  # SDPA per sequence, on its heads-first copies
+                qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0).detach().requires_grad_() for t in (q, k, v))
+                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=ctx.sm_scale,
+                                                   enable_gqa=q.shape[1] != k.shape[1])
+                for g, gs in zip(grads, torch.autograd.grad(o, (qs, ks, vs), grad_out[lo:hi].transpose(0, 1)[None])):
+                    g[lo:hi] = gs[0].transpose(0, 1)
+        return (*grads, None, None, None)
+
+
+def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], impl: ModuleType,
+                     sm_scale: float) -> torch.Tensor:
+    """Causal attention of packed sequences (rows bounds[b]..bounds[b + 1] of q [T, HQ, D], k/v [T, HKV, D]) ->
+    [T, HQ, D]: one `impl.prefill_packed` launch forward, SDPA per sequence backward."""
+    if q.dim() != 3 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] \
+            or q.shape[1] % k.shape[1] or bounds[0] != 0 or bounds[-1] != q.shape[0]:
+        raise ValueError(f"attention_packed: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, bounds "
+                         f"{bounds[0]}..{bounds[-1]}: expected q [T, HQ, D], k, v [T, HKV, D] with HKV dividing HQ "
+                         "and bounds from 0 to T")
+    return _PackedAttention.apply(q, k, v, impl, list(bounds), sm_scale)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: ModuleType,

@@ -38,7 +38,7 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Ten
 
 class AttentionFamily(Family):
     name = "attention"
-    entry_points = ("prefill", "decode")
+    entry_points = ("prefill", "decode", "prefill_packed")
     phases = ("prefill", "train_forward", "decode")
     workload_params = {  # noqa: RUF012 - the base class declares it as a plain dict
         "prefill": (*_SHAPE, "seq"),
@@ -262,6 +262,8 @@ class AttentionFamily(Family):
                      pre, pre32)
         out += [checks.bitwise(f"prompt prefill == prompt part (bf16) {tag}", pre, full[:, :, :P]),
                 checks.bitwise(f"prompt prefill == prompt part (fp32) {tag}", pre32, full32[:, :, :P])]
+        if hasattr(impl, "prefill_packed"):
+            out += _packed_checks(impl, q, k, v, P, sm_scale, (full, full32), (pre, pre32), tag)
 
         # Decode, one mixed-length batch: every answer position (and edge positions in the prompt) decoded over a
         # cache holding the sequence's keys up to the context and NaN beyond it (a kernel reading past the
@@ -363,6 +365,24 @@ class AttentionFamily(Family):
 
         return Bench(run=run, verify=verify, bytes_moved=set_bytes,
                      flops=4 * B * HQ * D * S * (S + 1) // 2, graph_friendly=False)
+
+
+def _packed_checks(impl: ModuleType, q, k, v, P: int, sm_scale: float, full, pre, tag: str) -> list[Check]:
+    """The optional packed entry point: every whole sequence and every prompt alone, interleaved in one packed
+    batch (lengths S and P, rows at offsets no block divides), must give each token `prefill`'s bits."""
+    B, HQ, S, D = q.shape
+    seqs = [(b, n) for b in range(B) for n in (S, P)]
+    cu = torch.tensor([0] + [n for _, n in seqs], dtype=torch.int32).cumsum(0).to(torch.int32).to(q.device)
+
+    def pack(t):  # [B, H, S, D] -> [sum of lengths, H, D]
+        return torch.cat([t[b, :, :n].transpose(0, 1) for b, n in seqs]).contiguous()
+
+    got, got32 = _outputs((int(cu[-1]), HQ, D), str(q.device))
+    impl.prefill_packed(pack(q), pack(k), pack(v), cu, S, sm_scale, got, got32)
+    want = [torch.cat([(f if n == S else p)[b, :, :n].transpose(0, 1) for b, n in seqs])
+            for f, p in zip(full, pre)]
+    return [checks.bitwise(f"packed prefill == prefill per sequence (bf16) {tag}", got, want[0]),
+            checks.bitwise(f"packed prefill == prefill per sequence (fp32) {tag}", got32, want[1])]
 
 
 def _outputs(shape: tuple[int, ...], device: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -94,9 +94,10 @@ NORMALIZE_RECIPROCAL = tl.constexpr(KNOBS["NORMALIZE"] == "reciprocal")
 
 
 @triton.jit
-def _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit,
+def _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, start_n, key_limit,
                 HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
-    """K^T [HEAD_D, BLOCK_N] and V [BLOCK_N, HEAD_D] of one block; keys at or past key_limit load as zeros.
+    """K^T [HEAD_D, BLOCK_N] and V [BLOCK_N, HEAD_D] of one block, key rows `kv_row` elements apart (HEAD_D, or
+    heads * HEAD_D in a packed batch); keys at or past key_limit load as zeros.
 
     TMA is only used for blocks every row sees in full (MASK=False): those rows are valid keys of this head, so
     the flat [heads * seq, HEAD_D] descriptor never reads past the head and the tiles equal the pointer loads.
@@ -109,11 +110,11 @@ def _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit,
         offs_d = tl.arange(0, HEAD_D)
         if MASK:
             in_kv = offs_n < key_limit
-            k = tl.load(k_base + offs_n[None, :] * HEAD_D + offs_d[:, None], mask=in_kv[None, :], other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * HEAD_D + offs_d[None, :], mask=in_kv[:, None], other=0.0)
+            k = tl.load(k_base + offs_n[None, :] * kv_row + offs_d[:, None], mask=in_kv[None, :], other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * kv_row + offs_d[None, :], mask=in_kv[:, None], other=0.0)
         else:
-            k = tl.load(k_base + offs_n[None, :] * HEAD_D + offs_d[:, None])
-            v = tl.load(v_base + offs_n[:, None] * HEAD_D + offs_d[None, :])
+            k = tl.load(k_base + offs_n[None, :] * kv_row + offs_d[:, None])
+            v = tl.load(v_base + offs_n[:, None] * kv_row + offs_d[None, :])
     return k, v
 
 
@@ -175,12 +176,12 @@ def _walk(acc, m_i, l_i, q, kv, lo, hi, key_limit, row_limit, qk_scale,
           HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
     """Blocks starting at lo, lo + BLOCK_N, ... below hi, in ascending order (lo is a multiple of BLOCK_N).
 
-    `kv` is (k_base, v_base, k_desc, v_desc, desc_row0): pointers to this head's keys and values, and the
-    descriptors with this head's first row (the pointers again when TMA is off)."""
-    k_base, v_base, k_desc, v_desc, desc_row0 = kv
+    `kv` is (k_base, v_base, k_desc, v_desc, desc_row0, kv_row): pointers to this head's keys and values, the
+    descriptors with this head's first row (the pointers again when TMA is off), and the key row stride."""
+    k_base, v_base, k_desc, v_desc, desc_row0, kv_row = kv
     for start_n in range(lo, hi, BLOCK_N):
-        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
-                           TMA)
+        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, start_n, key_limit, HEAD_D, BLOCK_N,
+                           MASK, TMA)
         acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
     return acc, m_i, l_i
 
@@ -224,10 +225,10 @@ def _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, kv, lo, hi, key_limit, row_
                   BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                   MASK: tl.constexpr, TMA: tl.constexpr):
     """Like `_walk` for the chunk state (c_*), folding it into the running state at every chunk end."""
-    k_base, v_base, k_desc, v_desc, desc_row0 = kv
+    k_base, v_base, k_desc, v_desc, desc_row0, kv_row = kv
     for start_n in range(lo, hi, BLOCK_N):
-        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, start_n, key_limit, HEAD_D, BLOCK_N, MASK,
-                           TMA)
+        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, start_n, key_limit, HEAD_D, BLOCK_N,
+                           MASK, TMA)
         c_acc, c_m, c_l = _attn_block(c_acc, c_m, c_l, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
         if (start_n + BLOCK_N) % SPLIT == 0:
             m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
@@ -256,7 +257,7 @@ def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.cons
     else:
         k_desc = K + kv
         v_desc = V + kv
-    return K + kv, V + kv, k_desc, v_desc, head * S
+    return K + kv, V + kv, k_desc, v_desc, head * S, HEAD_D
 
 
 @triton.jit
@@ -307,11 +308,42 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
     h = bh % HQ
     kv = _kv_source(K, V, b * HKV + h // GROUP, S, TOTAL_ROWS, HEAD_D, BLOCK_N, TMA)
     row0 = bh.to(tl.int64) * S * HEAD_D
+    _prefill_rows(Q + row0, O + row0, O32 + row0, HEAD_D, kv, S, qk_scale, pid_m,
+                  HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
+
+
+@triton.jit
+def _prefill_packed_kernel(Q, K, V, O, O32, CU, qk_scale, HQ, HKV, GROUP,
+                           Q_ROW: tl.constexpr, KV_ROW: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, SPLIT_LOOP: tl.constexpr,
+                           WRITE32: tl.constexpr):
+    """`_prefill_tile` for sequence b of a packed batch (rows CU[b]..CU[b + 1] of [tokens, heads, HEAD_D]
+    tensors): the same tile over the sequence's own rows, row 0 at its first token, so the same bits."""
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first
+    bh = tl.program_id(1)
+    b = bh // HQ
+    h = bh % HQ
+    start = tl.load(CU + b)
+    S = tl.load(CU + b + 1) - start
+    if pid_m * BLOCK_M < S:
+        q0 = (start.to(tl.int64) * HQ + h) * HEAD_D
+        k0 = (start.to(tl.int64) * HKV + h // GROUP) * HEAD_D
+        kv = (K + k0, V + k0, K + k0, V + k0, 0, KV_ROW)
+        _prefill_rows(Q + q0, O + q0, O32 + q0, Q_ROW, kv, S, qk_scale, pid_m,
+                      HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, False, WRITE32)
+
+
+@triton.jit
+def _prefill_rows(Q, O, O32, q_row, kv, S, qk_scale, pid_m,
+                  HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+                  SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr, WRITE32: tl.constexpr):
+    """Query rows [pid_m * BLOCK_M, +BLOCK_M) of one sequence and head (rows `q_row` elements apart from Q, O,
+    O32) over their causal keys `kv` (see `_walk`)."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
-    io = offs_m[:, None] * HEAD_D + offs_d[None, :]
+    io = offs_m[:, None] * q_row + offs_d[None, :]
     row_ok = offs_m[:, None] < S
-    q = tl.load(Q + row0 + io, mask=row_ok, other=0.0)
+    q = tl.load(Q + io, mask=row_ok, other=0.0)
     row_limit = offs_m + 1
     tile_start = pid_m * BLOCK_M
     hi = tl.minimum(tile_start + BLOCK_M, S)
@@ -347,9 +379,9 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
                                      BLOCK_M, HEAD_D, BLOCK_N, TMA)
             m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
     o = _finish(acc, l_i)
-    tl.store(O + row0 + io, o.to(tl.bfloat16), mask=row_ok)
+    tl.store(O + io, o.to(tl.bfloat16), mask=row_ok)
     if WRITE32:
-        tl.store(O32 + row0 + io, o, mask=row_ok)
+        tl.store(O32 + io, o, mask=row_ok)
 
 
 @triton.jit
@@ -1629,6 +1661,27 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float, 
         HQ // HKV, B * HQ, HEAD_D=D, PERSISTENT=persistent, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"],
         SPLIT=KNOBS["SPLIT_TOKENS"],
         SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], TMA=_use_tma("FULL_KV_LOADS", k, v, seq=S), WRITE32=out32 is not None,
+        num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
+    )
+
+
+def prefill_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                   sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None) -> None:
+    """Causal attention over a packed batch: sequence b is rows cu_seqlens[b]..cu_seqlens[b + 1] of q [T, HQ, D]
+    and k/v [T, HKV, D] and attends its own rows only -> out [T, HQ, D]. cu_seqlens is int32 [B + 1] from 0;
+    max_seqlen (a host int, no sync) is at least the longest sequence. Each token's bits are `prefill`'s for its
+    sequence alone: the Triton prefill tile over the sequence's rows, read in place (pointer loads, whatever
+    FULL_IMPL / FULL_KV_LOADS / FULL_PERSISTENT say, as those move bytes, not arithmetic)."""
+    T, HQ, D = q.shape
+    HKV = k.shape[1]
+    B = cu_seqlens.numel() - 1
+    if B < 1 or max_seqlen < 1:
+        return
+    grid = (_cdiv(max_seqlen, KNOBS["BLOCK_M"]), B * HQ)
+    _fast(_prefill_packed_kernel)[grid](
+        q, k, v, out, out32 if out32 is not None else out, cu_seqlens, _qk_scale(sm_scale), HQ, HKV, HQ // HKV,
+        Q_ROW=HQ * D, KV_ROW=HKV * D, HEAD_D=D, BLOCK_M=KNOBS["BLOCK_M"], BLOCK_N=KNOBS["BLOCK_N"],
+        SPLIT=KNOBS["SPLIT_TOKENS"], SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
     )
 

@@ -337,6 +337,32 @@ def test_mismatched_split_is_caught():
     assert any("decode == prefill row" in n for n in failed(results)), failed(results)
 
 
+@pytest.mark.parametrize("knobs", [{}, {"SPLIT_TOKENS": 64, "BLOCK_N": 32, "FULL_SPLIT_LOOP": "flat"}])
+def test_packed_prefill_gives_each_sequence_its_own_prefill_bits(knobs):
+    # Lengths of 1, past one 128-row tile, and odd offsets; with 64-token chunks the longest one folds 3 chunks.
+    mod = load(with_knobs(FAMILY.root_source(), **knobs))
+    lens, HQ, HKV, D = [1, 130, 37, 64], 4, 2, 64
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn((sum(lens), h, D), generator=g).to(torch.bfloat16) for h in (HQ, HKV, HKV))
+    cu = torch.tensor([0, *lens], dtype=torch.int32).cumsum(0).to(torch.int32)
+    out, out32 = torch.full_like(q, float("nan")), torch.full(q.shape, float("nan"))
+    mod.prefill_packed(q, k, v, cu, max(lens), 0.125, out, out32)
+    for lo, hi in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        one, one32 = torch.empty((1, HQ, hi - lo, D), dtype=torch.bfloat16), torch.empty((1, HQ, hi - lo, D))
+        mod.prefill(*(t[lo:hi].transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v)), 0.125, one, one32)
+        assert torch.equal(out[lo:hi].view(torch.int16), one[0].transpose(0, 1).view(torch.int16)), (lo, hi)
+        assert torch.equal(out32[lo:hi].view(torch.int32), one32[0].transpose(0, 1).view(torch.int32)), (lo, hi)
+
+
+def test_packed_prefill_on_other_blocks_is_caught():
+    # The packed launch walking 32-key blocks where prefill walks 64: accurate, not the same bits.
+    src = FAMILY.root_source().replace('KV_ROW=HKV * D, HEAD_D=D, BLOCK_M=KNOBS["BLOCK_M"], BLOCK_N=KNOBS["BLOCK_N"]',
+                                       'KV_ROW=HKV * D, HEAD_D=D, BLOCK_M=KNOBS["BLOCK_M"], BLOCK_N=32')
+    results = FAMILY.run_checks(load(with_knobs(src, BLOCK_N=64)), TINY, 0, "cpu")
+    assert {n.split(" B")[0] for n in failed(results)} == {"packed prefill == prefill per sequence (bf16)",
+                                                            "packed prefill == prefill per sequence (fp32)"}
+
+
 def test_decode_ignores_cache_beyond_context():
     mod = load(FAMILY.root_source())
     g = torch.Generator().manual_seed(5)

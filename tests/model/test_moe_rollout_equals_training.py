@@ -124,3 +124,21 @@ def test_grouped_expert_launches_give_the_per_expert_bits():
     assert m.expert_rows == sum(LENS) * 2 * 2  # both layers, top_k = 2, through the grouped path
     assert bits_equal(train, per_expert)
     assert bits_equal(m.rollout_logprobs(seqs, PROMPTS), train)
+
+
+def test_packed_attention_gives_the_per_sequence_launches_bits():
+    # The attention file's packed prefill (one launch over the packed batch) against a file without one (a launch
+    # per sequence), in the training forward and the rollout's prefill.
+    from types import SimpleNamespace
+
+    m = MoEDecoder(MoEShape(experts=0, intermediate=96), 3, "cpu")
+    seqs = sequences(8)
+    packed = m.training_logprobs(seqs, PROMPTS), m.rollout_logprobs(seqs, PROMPTS)
+    attn = m.k["attention"]
+    calls = []
+    m.k = {**m.k, "attention": SimpleNamespace(prefill=lambda *a: calls.append(1) or attn.prefill(*a),
+                                               decode=attn.decode)}
+    per_sequence = m.training_logprobs(seqs, PROMPTS), m.rollout_logprobs(seqs, PROMPTS)
+    assert len(calls) == 2 * m.s.layers * len(LENS)  # the fallback ran: training and rollout prefill
+    assert bits_equal(packed[0], per_sequence[0]) and bits_equal(packed[1], per_sequence[1])
+    assert bits_equal(packed[0], packed[1])
