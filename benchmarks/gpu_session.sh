@@ -118,7 +118,7 @@ while [ $# -gt 0 ]; do
         --out "$OUT/concurrent_audits_$(basename "$c" .yaml).json" 2>&1 | tail -20 ;;
     policy)  # the policy update: bits vs training and rollout, gradients vs fp32 torch, step time vs the torch trainer
       timeout 500 python3 benchmarks/policy_gpu.py ${POLICY_ARGS:-} --out "$OUT/policy.json" 2>&1 | tail -20 ;;
-    policy_glue)  # the policy step's glue kernels (MoE combine, dispatch and embedding backward) vs the torch they replaced
+    policy_glue)  # the policy step's glue kernels (MoE combine, dispatch, embedding backward, packed attention) vs the torch they replaced
       timeout 200 python3 benchmarks/policy_glue_gpu.py --out "$OUT/policy_glue.json" 2>&1 | tail -12 ;;
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots
       timeout 400 python3 benchmarks/family_checks_gpu.py "$f" ${FAMILY_CHECKS_LARGE:+--large} ${FAMILY_CHECKS_GRAPHS:+--graphs} --out "$OUT/family_checks_$(echo "$f" | tr , _).json" 2>&1 | tail -30 ;;

@@ -4,9 +4,12 @@ Qwen3 embedding table, 151936 x 2560):
 - MoE combine, forward and backward (`kernels/moe_combine.py`) against the per-slot fp32 torch loop (forward
   under autograd, then its backward) that the model harness ran before;
 - the dispatch's backward (slot-order sums) against autograd's index_add for x[src];
-- the embedding table's gradient (`kernels/embedding_backward.py`) against index_add into an fp32 table.
+- the embedding table's gradient (`kernels/embedding_backward.py`) against index_add into an fp32 table;
+- attention over the packed sequences (4 x 2048 tokens, 32 query / 4 KV heads of 128): one `prefill_packed`
+  launch against a `prefill` launch per sequence on heads-first copies (and the copy back), as the harness did.
 Each row: median ms (do_bench), the peak memory the call added (MB), and the result's relative L2 against an
-fp32 torch reference (backward has no bitwise contract). Writes JSON.
+fp32 torch reference (backward has no bitwise contract); the packed attention also counts the elements whose
+bits differ from the per-sequence launches (its contract: none). Writes JSON.
 
     PYTHONPATH=$PWD python3 benchmarks/policy_glue_gpu.py --out policy_glue.json
     python3 benchmarks/policy_glue_gpu.py --smoke --out x.json   # tiny shapes under the CPU interpreter
@@ -29,11 +32,14 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kernels.attention import root as attention  # noqa: E402
 from kernels.embedding_backward import embedding_backward  # noqa: E402
 from kernels.moe_combine import combine, combine_backward  # noqa: E402
 
-SHAPES = {"tokens": 8192, "top_k": 8, "hidden": 2048, "vocab": 151936, "embed_hidden": 2560}
-SMOKE_SHAPES = {"tokens": 13, "top_k": 4, "hidden": 96, "vocab": 50, "embed_hidden": 40}
+SHAPES = {"tokens": 8192, "top_k": 8, "hidden": 2048, "vocab": 151936, "embed_hidden": 2560,
+          "seq_lens": [2048] * 4, "q_heads": 32, "kv_heads": 4, "head_dim": 128}
+SMOKE_SHAPES = {"tokens": 13, "top_k": 4, "hidden": 96, "vocab": 50, "embed_hidden": 40,
+                "seq_lens": [9, 4], "q_heads": 2, "kv_heads": 1, "head_dim": 64}
 
 
 def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
@@ -124,7 +130,39 @@ def run(shapes: dict, device: str, smoke: bool) -> dict:
     cell("embedding.bwd.kernel", lambda: embedding_backward(ids, gh, V), lambda: [embedding_backward(ids, gh, V)],
          [ref_gt])
     cell("embedding.bwd.fp32_index_add", fp32_index_add, lambda: [fp32_index_add()], [ref_gt])
+    packed_attention(shapes, g, device, cell, out)
     return out
+
+
+def packed_attention(shapes: dict, g: torch.Generator, device: str, cell, out: dict) -> None:
+    lens, HQ, HKV, D = shapes["seq_lens"], shapes["q_heads"], shapes["kv_heads"], shapes["head_dim"]
+    q, k, v = (torch.randn((sum(lens), h, D), generator=g, device=device).to(torch.bfloat16) for h in (HQ, HKV, HKV))
+    bounds = [0, *torch.tensor(lens).cumsum(0).tolist()]
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    scale = D ** -0.5
+    ref = torch.cat([torch.nn.functional.scaled_dot_product_attention(
+        *(t[lo:hi].transpose(0, 1)[None].float() for t in (q, k, v)), is_causal=True, scale=scale,
+        enable_gqa=HQ != HKV)[0].transpose(0, 1) for lo, hi in zip(bounds, bounds[1:])])
+
+    def packed():
+        o = torch.empty_like(q)
+        attention.prefill_packed(q, k, v, cu, max(lens), scale, o)
+        return o
+
+    def per_sequence():
+        o = torch.empty_like(q)
+        for lo, hi in zip(bounds, bounds[1:]):
+            qh, kh, vh = (t[lo:hi].transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v))
+            oh = torch.empty_like(qh)
+            attention.prefill(qh, kh, vh, scale, oh)
+            o[lo:hi] = oh[0].transpose(0, 1)
+        return o
+
+    cell("attention.fwd.packed", packed, lambda: [packed()], [ref])
+    cell("attention.fwd.per_sequence", per_sequence, lambda: [per_sequence()], [ref])
+    if "error" not in out["cells"]["attention.fwd.packed"]:
+        out["cells"]["attention.fwd.packed"]["bits_differing_vs_per_sequence"] = int(
+            (packed().view(torch.int16) != per_sequence().view(torch.int16)).sum())
 
 
 def main(argv: list[str] | None = None) -> int:
