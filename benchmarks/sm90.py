@@ -63,5 +63,13 @@ def compile_sm90(fn, sig: dict, consts: dict, warps: int, stages: int, aligned: 
             "instructions": code.count("\n") + 1 if code else 0, "SHFL": len(re.findall(r"\bSHFL", code)),
             "BAR": len(re.findall(r"\bBAR\.", code)), "STS": len(re.findall(r"\bSTS", code)),
             "USETMAXREG": code.count("USETMAXREG"), "ATOM": len(re.findall(r"\bATOMG?\.", code)),
-            "sass_sha": hashlib.sha256(code.encode()).hexdigest()[:12],
+            "sass_sha": hashlib.sha256(code.encode()).hexdigest()[:12], "fp_ops": _fp_ops(code),
             "ptxas_warnings": re.findall(r"\(C\d+\)[^\n]*", info)}
+
+
+def _fp_ops(code: str) -> dict[str, int]:
+    """How many of each floating-point and MMA instruction the SASS has (opcode with its modifiers). A kernel meant
+    to do another's arithmetic must show the same counts, whatever its address code and schedule (necessary, not
+    sufficient: the GPU's bitwise checks decide)."""
+    ops = re.findall(r"\b((?:FFMA|FMUL|FADD|FMNMX|FSEL|FSETP|MUFU|HGMMA|HMMA|F2FP)(?:\.[\w.]+)?)", code)
+    return {op: ops.count(op) for op in sorted(set(ops))}

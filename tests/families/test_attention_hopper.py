@@ -47,6 +47,15 @@ def test_root_and_hopper_knobs_compile_for_hopper(offline):
         assert rep["prefill_ws"]["UTMALDG"] > 0 and rep["prefill_ws"]["USETMAXREG"] > 0, rep["prefill_ws"]
 
 
+def test_packed_prefill_compiles_to_the_prefill_tiles_arithmetic(offline):
+    # prefill_packed runs the prefill tile over rows heads * D apart: for sm_90a the same floating-point and wgmma
+    # instructions as the prefill kernel (only address code differs), with no spill.
+    rep = _compile_report(offline, [{}], "prefill,prefill_packed")[0]
+    packed, prefill = rep["prefill_packed"], rep["prefill"]
+    assert packed["fp_ops"] == prefill["fp_ops"] and packed["HGMMA"] > 0, (packed["fp_ops"], prefill["fp_ops"])
+    assert packed["spill_store_bytes"] == 0 and packed["UTMALDG"] == 0, packed
+
+
 def test_gluon_layout_free_row_sum_kernels_compile_for_hopper(offline):
     # 128-key blocks with the dot or tree row sum: the Gluon prefill issues the ones dot (one more wgmma per block
     # and consumer) or the tree's adds, and the Gluon decode streams 64-key sub-blocks; nothing spills, and the
