@@ -107,3 +107,19 @@ def test_a_family_runs_as_a_named_set_and_bad_names_are_refused():
         with_sets({"attention": "hopper_nope"})
     with pytest.raises(ValueError, match="'softmax' is not a family of the decoder"):
         with_sets({"softmax": "x"})
+
+
+def test_an_attention_file_without_a_packed_prefill_gives_the_same_bits():
+    # The decoder reads the rows in place through prefill_packed; a file without one (e.g. a search's best from
+    # before it existed) is called on head-first copies instead, with the same log-probs.
+    from types import SimpleNamespace
+
+    m = TinyDecoder(Shape(), 0, "cpu")
+    toks = tokens(4)
+    packed = m.training_logprobs(toks, PROMPT), m.rollout_logprobs(toks, PROMPT)
+    attn = m.k["attention"]
+    m.k = {**m.k, "attention": SimpleNamespace(prefill=attn.prefill, decode=attn.decode)}
+    plain = m.training_logprobs(toks, PROMPT), m.rollout_logprobs(toks, PROMPT)
+    for a, b in zip(packed, plain):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert torch.equal(packed[0].view(torch.int32), packed[1].view(torch.int32))
