@@ -1674,6 +1674,11 @@ def prefill_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     FULL_IMPL / FULL_KV_LOADS / FULL_PERSISTENT say, as those move bytes, not arithmetic)."""
     T, HQ, D = q.shape
     HKV = k.shape[1]
+    if k.shape != v.shape or k.shape[::2] != (T, D) or HQ % HKV or out.shape != q.shape \
+            or cu_seqlens.dtype != torch.int32 or not all(t.is_contiguous() for t in (q, k, v, out)):
+        raise ValueError(f"prefill_packed: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, out "
+                         f"{tuple(out.shape)}, cu_seqlens {cu_seqlens.dtype}: expected contiguous q/out [T, HQ, D] "
+                         "and k/v [T, HKV, D] with HKV dividing HQ, and int32 cu_seqlens")
     B = cu_seqlens.numel() - 1
     if B < 1 or max_seqlen < 1:
         return

@@ -354,6 +354,16 @@ def test_packed_prefill_gives_each_sequence_its_own_prefill_bits(knobs):
         assert torch.equal(out32[lo:hi].view(torch.int32), one32[0].transpose(0, 1).view(torch.int32)), (lo, hi)
 
 
+def test_packed_prefill_refuses_strided_or_mismatched_tensors():
+    mod = load(FAMILY.root_source())
+    q, kv = torch.zeros((8, 4, 64), dtype=torch.bfloat16), torch.zeros((8, 2, 64), dtype=torch.bfloat16)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    for args in ((q.transpose(0, 1).contiguous().transpose(0, 1), kv, kv, cu), (q, kv[:4], kv[:4], cu),
+                 (q, kv, kv, cu.long())):
+        with pytest.raises(ValueError, match="expected contiguous q/out"):
+            mod.prefill_packed(*args, 8, 0.125, torch.empty_like(q))
+
+
 def test_packed_prefill_on_other_blocks_is_caught():
     # The packed launch walking 32-key blocks where prefill walks 64: accurate, not the same bits.
     src = FAMILY.root_source().replace('KV_ROW=HKV * D, HEAD_D=D, BLOCK_M=KNOBS["BLOCK_M"], BLOCK_N=KNOBS["BLOCK_N"]',
