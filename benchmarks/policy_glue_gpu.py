@@ -6,7 +6,8 @@ Qwen3 embedding table, 151936 x 2560):
 - the dispatch's backward (slot-order sums) against autograd's index_add for x[src];
 - the embedding table's gradient (`kernels/embedding_backward.py`) against index_add into an fp32 table;
 - attention over the packed sequences (4 x 2048 tokens, 32 query / 4 KV heads of 128): one `prefill_packed`
-  launch against a `prefill` launch per sequence on heads-first copies (and the copy back), as the harness did.
+  launch against a `prefill` launch per sequence on heads-first copies (and the copy back), as the harness did,
+  and (GPU) torch's packed flash attention (`torch.nn.attention.varlen`, where this torch has it).
 Each row: median ms (do_bench), the peak memory the call added (MB), and the result's relative L2 against an
 fp32 torch reference (backward has no bitwise contract); the packed attention also counts the elements whose
 bits differ from the per-sequence launches (its contract: none). Writes JSON.
@@ -160,6 +161,12 @@ def packed_attention(shapes: dict, g: torch.Generator, device: str, cell, out: d
 
     cell("attention.fwd.packed", packed, lambda: [packed()], [ref])
     cell("attention.fwd.per_sequence", per_sequence, lambda: [per_sequence()], [ref])
+    if device == "cuda":  # the packed flash kernel a trainer would call (torch's varlen API, where it has one)
+        def varlen():
+            from torch.nn.attention.varlen import varlen_attn
+            return varlen_attn(q, k, v, cu, cu, max(lens), max(lens), scale=scale, window_size=(-1, 0),
+                               enable_gqa=HQ != HKV)
+        cell("attention.fwd.torch_varlen", varlen, lambda: [varlen()], [ref])
     if "error" not in out["cells"]["attention.fwd.packed"]:
         out["cells"]["attention.fwd.packed"]["bits_differing_vs_per_sequence"] = int(
             (packed().view(torch.int16) != per_sequence().view(torch.int16)).sum())
