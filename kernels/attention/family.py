@@ -368,8 +368,9 @@ class AttentionFamily(Family):
 
 
 def _packed_checks(impl: ModuleType, q, k, v, P: int, sm_scale: float, full, pre, tag: str) -> list[Check]:
-    """The optional packed entry point: every whole sequence and every prompt alone, interleaved in one packed
-    batch (lengths S and P, rows at offsets no block divides), must give each token `prefill`'s bits."""
+    """The packed entry point: every whole sequence and every prompt alone, interleaved in one packed batch
+    (lengths S and P, so sequences start at rows that are not multiples of a tile), must give each token
+    `prefill`'s bits. (A file from before the entry point existed skips this check.)"""
     B, HQ, S, D = q.shape
     seqs = [(b, n) for b in range(B) for n in (S, P)]
     cu = torch.tensor([0] + [n for _, n in seqs], dtype=torch.int32).cumsum(0).to(torch.int32).to(q.device)
