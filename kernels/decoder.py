@@ -18,6 +18,8 @@ from types import ModuleType
 
 import torch
 
+from kernels.attention.autograd import prefill_packed
+
 FAMILIES = ("embedding", "rmsnorm", "linear", "rope", "attention", "silu_mul", "logprob")
 EPS = 1e-6
 
@@ -127,10 +129,7 @@ class TinyDecoder:
     def _attend_full(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         impl, n = self.k["attention"], q.shape[0]
         if hasattr(impl, "prefill_packed"):  # the rows in place: a batch of one sequence, no head-first copies
-            out = torch.empty_like(q)
-            cu = torch.tensor([0, n], dtype=torch.int32).to(self.device, non_blocking=True)
-            impl.prefill_packed(q, k, v, cu, n, 1 / math.sqrt(self.s.head_dim), out)
-            return out.reshape(n, -1)
+            return prefill_packed(impl, q, k, v, [0, n], 1 / math.sqrt(self.s.head_dim)).reshape(n, -1)
         out = torch.empty_like(_heads_first(q))
         self.k["attention"].prefill(_heads_first(q), _heads_first(k), _heads_first(v), 1 / math.sqrt(self.s.head_dim),
                                     out)

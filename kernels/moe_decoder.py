@@ -27,6 +27,7 @@ from types import ModuleType, SimpleNamespace
 
 import torch
 
+from kernels.attention.autograd import prefill_packed
 from kernels.decoder import EPS, _heads_first, roots
 from kernels.moe_combine import combine
 
@@ -236,10 +237,7 @@ class MoEDecoder:
             return self.ops.attention_packed(q, k, v, bounds, scale).reshape(q.shape[0], -1)
         impl = self.k["attention"]
         if hasattr(impl, "prefill_packed"):
-            out = torch.empty_like(q)
-            cu = torch.tensor(bounds, dtype=torch.int32).to(self.device, non_blocking=True)
-            impl.prefill_packed(q, k, v, cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:])), scale, out)
-            return out.reshape(q.shape[0], -1)
+            return prefill_packed(impl, q, k, v, bounds, scale).reshape(q.shape[0], -1)
         out = self._empty(q.shape[0], q.shape[1] * q.shape[2])
         for lo, hi in zip(bounds[:-1], bounds[1:]):
             qh, kh, vh = _heads_first(q[lo:hi]), _heads_first(k[lo:hi]), _heads_first(v[lo:hi])

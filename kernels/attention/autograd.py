@@ -51,14 +51,22 @@ class _Attention(torch.autograd.Function):
         return (*grads, None, None)
 
 
+def prefill_packed(impl: ModuleType, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int],
+                   sm_scale: float) -> torch.Tensor:
+    """One `impl.prefill_packed` launch over the sequences at rows bounds[b]..bounds[b + 1] of q [T, HQ, D] and
+    k/v [T, HKV, D] (host bounds: the longest length needs no sync) -> out [T, HQ, D]."""
+    out = torch.empty_like(q)
+    cu = torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True)
+    impl.prefill_packed(q, k, v, cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:])), sm_scale, out)
+    return out
+
+
 class _PackedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, impl, bounds, sm_scale):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = torch.empty_like(q)
-        cu = torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True)
         with record_function("policy:attention.fwd"):
-            impl.prefill_packed(q, k, v, cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:])), sm_scale, out)
+            out = prefill_packed(impl, q, k, v, bounds, sm_scale)
         ctx.save_for_backward(q, k, v)
         ctx.bounds, ctx.sm_scale = bounds, sm_scale
         return out
