@@ -161,8 +161,8 @@ while [ $# -gt 0 ]; do
       timeout 200 python3 benchmarks/attention_rowsum_split_gpu.py --out "$OUT/attention_rowsum_split.json" 2>&1 | tail -20 ;;
     attention_gluon_decode)  # the Gluon decode / prefill against Triton, bit for bit (a quick gate; GLUON_DECODE_SETS picks knob sets)
       timeout 150 python3 benchmarks/attention_gluon_decode_gpu.py ${GLUON_DECODE_SETS:+--sets $GLUON_DECODE_SETS} --out "$OUT/attention_gluon_decode.json" 2>&1 | tail -30 ;;
-    campaign_attention)  # the knob search on six grid cells (see campaign below)
-      CAMPAIGN_ONLY='workloads.only=[prefill.B1.S4K,prefill.B1.S16K,train_forward.B4.S4K+128,decode.B1.ctx1K,decode.B1.ctx8K,decode.B16.ctx8K]' \
+    campaign_attention)  # the knob search on seven grid cells, one a packed training batch (see campaign below)
+      CAMPAIGN_ONLY='workloads.only=[prefill.B1.S4K,prefill.B1.S16K,train_forward.B4.S4K+128,train_packed.B8.T16K,decode.B1.ctx1K,decode.B1.ctx8K,decode.B16.ctx8K]' \
         campaign campaigns/h200_attention.yaml ;;
     campaign) c=$1; shift  # any campaign file; CAMPAIGN_ONLY / _EVALS / _WALL_S / _SEED override its settings
       campaign "$c" ;;

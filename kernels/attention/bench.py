@@ -520,7 +520,8 @@ def best_of(run_dir: Path) -> tuple[str, str]:
 
 
 def grid_cells() -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:
-    """Decode (batch, context) and prefill/train_forward (phase, batch, length) cells of the paper grid."""
+    """Decode (batch, context) and prefill/train_forward (phase, batch, length) cells of the paper grid (the
+    set's packed training batches are not part of it)."""
     import yaml
 
     grid = yaml.safe_load((Path(__file__).resolve().parents[2] / "workloads" / "attention_grid.yaml").read_text())
@@ -531,7 +532,7 @@ def grid_cells() -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:
             decode.append((w["batch"], w["context"]))
         elif w["phase"] == "prefill":
             prefill.append(("prefill", w["batch"], w["seq"]))
-        else:
+        elif w["phase"] == "train_forward":
             prefill.append(("train_forward", w["batch"], w["prompt"] + w["answer"]))
     return decode, prefill
 

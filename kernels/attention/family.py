@@ -39,10 +39,12 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Ten
 class AttentionFamily(Family):
     name = "attention"
     entry_points = ("prefill", "decode", "prefill_packed")
-    phases = ("prefill", "train_forward", "decode")
+    # train_packed: a trainer's packed batch of sequences of different lengths, one `prefill_packed` launch.
+    phases = ("prefill", "train_forward", "train_packed", "decode")
     workload_params = {  # noqa: RUF012 - the base class declares it as a plain dict
         "prefill": (*_SHAPE, "seq"),
         "train_forward": (*_SHAPE, "prompt", "answer"),
+        "train_packed": ("q_heads", "kv_heads", "head_dim", "lengths"),
         "decode": (*_SHAPE, "context"),
     }
     knobs = (
@@ -218,6 +220,14 @@ class AttentionFamily(Family):
                             paths=("decode",)),
         ]
 
+    def validate_workload(self, workload: dict[str, Any]) -> None:
+        super().validate_workload(workload)
+        lengths = workload.get("lengths")
+        if workload["phase"] == "train_packed" and not (
+                isinstance(lengths, list) and lengths
+                and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in lengths)):
+            raise ValueError(f"key 'lengths': expected a non-empty list of positive token counts, got {lengths!r}")
+
     def check_cases(self, level: str) -> list[dict[str, Any]]:
         small = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 45, "answer": 25, "scale": 1.0}
         if level == "small":
@@ -322,8 +332,10 @@ class AttentionFamily(Family):
         return VARIANTS
 
     def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
-        B, HQ, HKV, D = (workload[k] for k in _SHAPE)
         phase = workload["phase"]
+        if phase == "train_packed":
+            return _packed_bench(impl, workload, seed, device)
+        B, HQ, HKV, D = (workload[k] for k in _SHAPE)
         sm_scale = 1.0 / math.sqrt(D)
         g = checks.generator(seed)
         if phase == "decode":
@@ -365,6 +377,44 @@ class AttentionFamily(Family):
 
         return Bench(run=run, verify=verify, bytes_moved=set_bytes,
                      flops=4 * B * HQ * D * S * (S + 1) // 2, graph_friendly=False)
+
+
+def _packed_bench(impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
+    """One `prefill_packed` launch over sequences of the workload's lengths, packed back to back (a training
+    batch as a trainer feeds it); verified on sampled rows of the last sequence, which starts mid-tile."""
+    HQ, HKV, D, lengths = (workload[k] for k in ("q_heads", "kv_heads", "head_dim", "lengths"))
+    T, longest = sum(lengths), max(lengths)
+    sm_scale = 1.0 / math.sqrt(D)
+    cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0).to(torch.int32).to(device)
+    set_bytes = 2 * T * (HQ + HKV) * D * 2
+
+    def inputs(g: torch.Generator):
+        return _randn((T, HQ, D), g, device), _randn((T, HKV, D), g, device), _randn((T, HKV, D), g, device)
+
+    g = checks.generator(seed)
+    sets = [inputs(g) for _ in range(checks.input_copies(device, set_bytes, most=4))]
+    y = torch.empty((T, HQ, D), dtype=torch.bfloat16, device=device)
+    run = checks.rotate(lambda qkv: impl.prefill_packed(*qkv, cu, longest, sm_scale, y), sets)
+
+    def verify() -> list[Check]:
+        q, k, v = inputs(checks.generator(seed + 7919))
+        checks.poison(y)
+        impl.prefill_packed(q, k, v, cu, longest, sm_scale, y)
+        n, lo = lengths[-1], T - lengths[-1]
+        rows = torch.unique(torch.cat([torch.arange(min(n, 16)), torch.arange(max(0, n - 64), n),
+                                       torch.randint(0, n, (64,), generator=checks.generator(seed))]))
+        group = HQ // HKV
+
+        def seq(t: torch.Tensor, heads: int) -> torch.Tensor:  # [1, heads, n, D]: the last sequence's first heads
+            return t[lo:, :heads].transpose(0, 1).unsqueeze(0)
+
+        ref = reference(seq(q, group)[:, :, rows.to(device)], seq(k, 1), seq(v, 1), rows=rows)
+        got = seq(y, group)[:, :, rows.to(device)]
+        return [checks.finite("fresh inputs finite", y),
+                checks.reference("fresh inputs vs fp64 (sampled rows of the last sequence)", got, ref)]
+
+    return Bench(run=run, verify=verify, bytes_moved=set_bytes,
+                 flops=sum(4 * HQ * D * n * (n + 1) // 2 for n in lengths), graph_friendly=False)
 
 
 def _packed_checks(impl: ModuleType, q, k, v, P: int, sm_scale: float, full, pre, tag: str) -> list[Check]:

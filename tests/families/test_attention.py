@@ -437,6 +437,42 @@ def test_benches_on_cpu_workloads():
     assert phases == set(FAMILY.phases)
 
 
+def test_packed_workload_bench_times_prefill_packed_and_catches_a_wrong_sequence():
+    """The train_packed phase launches `prefill_packed` once (not prefill), and its verify reads the last
+    sequence, so a packed path that mixes up sequence bounds fails it."""
+    mod = load(FAMILY.root_source())
+    wl = {"name": "p", "phase": "train_packed", "q_heads": 4, "kv_heads": 2, "head_dim": 64, "lengths": [37, 1, 70]}
+    calls = []
+
+    class Spy:
+        def __getattr__(self, name):
+            calls.append(name)
+            return getattr(mod, name)
+
+    bench = FAMILY.make_bench(Spy(), wl, 0, "cpu")
+    bench.run()
+    assert calls == ["prefill_packed"]
+    assert all(c.passed for c in bench.verify())
+    assert bench.flops == sum(4 * 4 * 64 * n * (n + 1) // 2 for n in (37, 1, 70)) and not bench.graph_friendly
+
+    class OneSequence:  # treats the whole batch as one sequence: the last one then attends earlier rows
+        @staticmethod
+        def prefill_packed(q, k, v, cu, longest, scale, out, out32=None):
+            whole = torch.tensor([0, q.shape[0]], dtype=torch.int32)
+            mod.prefill_packed(q, k, v, whole, q.shape[0], scale, out, out32)
+
+    assert not all(c.passed for c in FAMILY.make_bench(OneSequence(), wl, 0, "cpu").verify())
+
+
+@pytest.mark.parametrize("lengths", [None, [], [3, 0], [2.5], "37,70", [True]])
+def test_packed_workload_names_bad_lengths(lengths):
+    wl = {"name": "p", "phase": "train_packed", "q_heads": 4, "kv_heads": 2, "head_dim": 64}
+    if lengths is not None:
+        wl["lengths"] = lengths
+    with pytest.raises(ValueError, match="lengths"):
+        FAMILY.validate_workload(wl)
+
+
 def test_grid_workloads_are_valid():
     for name in ("attention_grid.yaml", "attention_heldout.yaml"):
         spec = yaml.safe_load((REPO / "workloads" / name).read_text())
@@ -446,7 +482,7 @@ def test_grid_workloads_are_valid():
             FAMILY.validate_workload(wl)
             assert wl["head_dim"] in (64, 128) and wl["q_heads"] % wl["kv_heads"] == 0
     grid = yaml.safe_load((REPO / "workloads" / "attention_grid.yaml").read_text())["workloads"]
-    assert len(grid) == 48
+    assert len(grid) == 50 and sum(w["phase"] == "train_packed" for w in grid) == 2
 
 
 def test_autograd_forward_is_the_kernels_and_gradients_match_the_reference(tmp_path):
