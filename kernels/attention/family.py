@@ -368,8 +368,7 @@ class AttentionFamily(Family):
             checks.poison(y)
             impl.prefill(q, k, v, sm_scale, y)
             # Reference on a sample of rows (first, last, a random stretch) of batch item 0's first GQA group.
-            rows = torch.unique(torch.cat([torch.arange(min(S, 16)), torch.arange(max(0, S - 64), S),
-                                           torch.randint(0, S, (64,), generator=checks.generator(seed))]))
+            rows = _sampled_rows(S, seed)
             group = HQ // HKV
             ref = reference(q[:1, :group, rows.to(device)], k[:1, :1], v[:1, :1], rows=rows)
             return [checks.finite("fresh inputs finite", y),
@@ -377,6 +376,12 @@ class AttentionFamily(Family):
 
         return Bench(run=run, verify=verify, bytes_moved=set_bytes,
                      flops=4 * B * HQ * D * S * (S + 1) // 2, graph_friendly=False)
+
+
+def _sampled_rows(n: int, seed: int) -> torch.Tensor:
+    """Rows of an n-token sequence a bench's verify checks against fp64: the first, the last, a random stretch."""
+    return torch.unique(torch.cat([torch.arange(min(n, 16)), torch.arange(max(0, n - 64), n),
+                                   torch.randint(0, n, (64,), generator=checks.generator(seed))]))
 
 
 def _packed_bench(impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
@@ -401,8 +406,7 @@ def _packed_bench(impl: ModuleType, workload: dict[str, Any], seed: int, device:
         checks.poison(y)
         impl.prefill_packed(q, k, v, cu, longest, sm_scale, y)
         n, lo = lengths[-1], T - lengths[-1]
-        rows = torch.unique(torch.cat([torch.arange(min(n, 16)), torch.arange(max(0, n - 64), n),
-                                       torch.randint(0, n, (64,), generator=checks.generator(seed))]))
+        rows = _sampled_rows(n, seed)
         group = HQ // HKV
 
         def seq(t: torch.Tensor, heads: int) -> torch.Tensor:  # [1, heads, n, D]: the last sequence's first heads
