@@ -31,8 +31,8 @@ PREFILL_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*
 DECODE_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "ARRIVALS": "*i32", "S_CAP": "i32",
               "TOTAL_ROWS": "i32", "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
-PACKED_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*bf16", "CU": "*i32", "qk_scale": "fp32",
-              "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+PACKED_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*bf16", "CU": "*i32",
+              "TOTAL_ROWS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 MERGE_SIG = {"CTX": "*i32", "O": "*bf16", "O32": "*bf16", "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32",
              "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 
@@ -58,7 +58,7 @@ def report(source: Path, knobs: dict, head_dim: int, decode_split: int | None, p
         rep["prefill_packed"] = compile_sm90(mod._prefill_packed_kernel, PACKED_SIG, {
             "Q_ROW": 32 * head_dim, "KV_ROW": 8 * head_dim, "HEAD_D": head_dim, "BLOCK_M": kn["BLOCK_M"],
             "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "SPLIT_LOOP": kn["FULL_SPLIT_LOOP"],
-            "WRITE32": False},
+            "TMA": kn["FULL_KV_LOADS"] == "tma", "WRITE32": False},
             kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"], ALIGNED | {"CU"})
     if "decode" in paths:
         # The decode tile as decode() picks it (groups of 4 rows fit every tile).

@@ -70,8 +70,9 @@ class AttentionFamily(Family):
              "chunk (nested), or a chunk loop nest the compiler flattens into one pipelined loop (flatten); same "
              "chunks and merge order either way"),
         Knob("FULL_KV_LOADS", ("pointer", "tma", "auto"), "full",
-             "how prefill loads K/V tiles of blocks every row sees in full: pointer loads or TMA tensor "
-             "descriptors (same tiles, so same bits); auto: TMA from 2048 tokens, pointers below"),
+             "how prefill (and the packed prefill) loads K/V tiles of blocks every row sees in full: pointer "
+             "loads or TMA tensor descriptors (same tiles, so same bits); auto: TMA from 2048 tokens (the "
+             "longest sequence, packed), pointers below"),
         Knob("FULL_PERSISTENT", ("off", "row_blocks", "heads", "snake", "auto"), "full",
              "prefill as one program per SM walking the tiles instead of one program per tile: longest row blocks "
              "first with a row block's heads side by side, or one head's row blocks side by side (K/V shared in "

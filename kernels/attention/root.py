@@ -313,12 +313,16 @@ def _prefill_tile(Q, K, V, O, O32, S, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP, pid_
 
 
 @triton.jit
-def _prefill_packed_kernel(Q, K, V, O, O32, CU, qk_scale, HQ, HKV, GROUP,
+def _prefill_packed_kernel(Q, K, V, O, O32, CU, TOTAL_ROWS, qk_scale, HQ, HKV, GROUP,
                            Q_ROW: tl.constexpr, KV_ROW: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, SPLIT_LOOP: tl.constexpr,
+                           BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, SPLIT_LOOP: tl.constexpr, TMA: tl.constexpr,
                            WRITE32: tl.constexpr):
     """`_prefill_tile` for sequence b of a packed batch (rows CU[b]..CU[b + 1] of [tokens, heads, HEAD_D]
-    tensors): the same tile over the sequence's own rows, row 0 at its first token, so the same bits."""
+    tensors): the same tile over the sequence's own rows, row 0 at its first token, so the same bits.
+
+    With TMA, the descriptors view one KV head's column of the packed tensors ([tokens, HEAD_D], rows KV_ROW
+    apart) and a block of the sequence is the descriptor rows from its first token: TMA is only used for blocks
+    every row sees in full, which lie inside the sequence."""
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # longest causal rows first
     bh = tl.program_id(1)
     b = bh // HQ
@@ -328,9 +332,17 @@ def _prefill_packed_kernel(Q, K, V, O, O32, CU, qk_scale, HQ, HKV, GROUP,
     if pid_m * BLOCK_M < S:
         q0 = (start.to(tl.int64) * HQ + h) * HEAD_D
         k0 = (start.to(tl.int64) * HKV + h // GROUP) * HEAD_D
-        kv = (K + k0, V + k0, K + k0, V + k0, 0, KV_ROW)
+        if TMA:
+            col = (h // GROUP) * HEAD_D
+            k_desc = tl.make_tensor_descriptor(K + col, shape=[TOTAL_ROWS, HEAD_D], strides=[KV_ROW, 1],
+                                               block_shape=[BLOCK_N, HEAD_D])
+            v_desc = tl.make_tensor_descriptor(V + col, shape=[TOTAL_ROWS, HEAD_D], strides=[KV_ROW, 1],
+                                               block_shape=[BLOCK_N, HEAD_D])
+            kv = (K + k0, V + k0, k_desc, v_desc, start, KV_ROW)
+        else:
+            kv = (K + k0, V + k0, K + k0, V + k0, 0, KV_ROW)
         _prefill_rows(Q + q0, O + q0, O32 + q0, Q_ROW, kv, S, qk_scale, pid_m,
-                      HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, False, WRITE32)
+                      HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
 
 
 @triton.jit
@@ -1670,8 +1682,9 @@ def prefill_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     """Causal attention over a packed batch: sequence b is rows cu_seqlens[b]..cu_seqlens[b + 1] of q [T, HQ, D]
     and k/v [T, HKV, D] and attends its own rows only -> out [T, HQ, D]. cu_seqlens is int32 [B + 1] from 0;
     max_seqlen (a host int, no sync) is at least the longest sequence. Each token's bits are `prefill`'s for its
-    sequence alone: the Triton prefill tile over the sequence's rows, read in place (pointer loads, whatever
-    FULL_IMPL / FULL_KV_LOADS / FULL_PERSISTENT say, as those move bytes, not arithmetic)."""
+    sequence alone: the Triton prefill tile over the sequence's rows, read in place, its keys and values through
+    TMA as FULL_KV_LOADS says (judged by the longest sequence); FULL_IMPL and FULL_PERSISTENT do not apply (they
+    move bytes, not arithmetic)."""
     T, HQ, D = q.shape
     HKV = k.shape[1]
     if k.shape != v.shape or k.shape[::2] != (T, D) or HQ % HKV or out.shape != q.shape \
@@ -1684,9 +1697,10 @@ def prefill_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         return
     grid = (_cdiv(max_seqlen, KNOBS["BLOCK_M"]), B * HQ)
     _fast(_prefill_packed_kernel)[grid](
-        q, k, v, out, out32 if out32 is not None else out, cu_seqlens, _qk_scale(sm_scale), HQ, HKV, HQ // HKV,
+        q, k, v, out, out32 if out32 is not None else out, cu_seqlens, T, _qk_scale(sm_scale), HQ, HKV, HQ // HKV,
         Q_ROW=HQ * D, KV_ROW=HKV * D, HEAD_D=D, BLOCK_M=KNOBS["BLOCK_M"], BLOCK_N=KNOBS["BLOCK_N"],
-        SPLIT=KNOBS["SPLIT_TOKENS"], SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"], WRITE32=out32 is not None,
+        SPLIT=KNOBS["SPLIT_TOKENS"], SPLIT_LOOP=KNOBS["FULL_SPLIT_LOOP"],
+        TMA=_use_tma("FULL_KV_LOADS", k, v, seq=max_seqlen), WRITE32=out32 is not None,
         num_warps=KNOBS["FULL_NUM_WARPS"], num_stages=KNOBS["FULL_NUM_STAGES"],
     )
 

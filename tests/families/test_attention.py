@@ -337,9 +337,11 @@ def test_mismatched_split_is_caught():
     assert any("decode == prefill row" in n for n in failed(results)), failed(results)
 
 
-@pytest.mark.parametrize("knobs", [{}, {"SPLIT_TOKENS": 64, "BLOCK_N": 32, "FULL_SPLIT_LOOP": "flat"}])
+@pytest.mark.parametrize("knobs", [{}, {"SPLIT_TOKENS": 64, "BLOCK_N": 32, "FULL_SPLIT_LOOP": "flat"},
+                                   {"SPLIT_TOKENS": 64, "BLOCK_N": 32, "BLOCK_M": 64, "FULL_KV_LOADS": "tma"}])
 def test_packed_prefill_gives_each_sequence_its_own_prefill_bits(knobs):
     # Lengths of 1, past one 128-row tile, and odd offsets; with 64-token chunks the longest one folds 3 chunks.
+    # With TMA, the blocks below each tile come through descriptors from rows that are not multiples of a block.
     mod = load(with_knobs(FAMILY.root_source(), **knobs))
     lens, HQ, HKV, D = [1, 130, 37, 64], 4, 2, 64
     g = torch.Generator().manual_seed(5)

@@ -49,11 +49,13 @@ def test_root_and_hopper_knobs_compile_for_hopper(offline):
 
 def test_packed_prefill_compiles_to_the_prefill_tiles_arithmetic(offline):
     # prefill_packed runs the prefill tile over rows heads * D apart: for sm_90a the same floating-point and wgmma
-    # instructions as the prefill kernel (only address code differs), with no spill.
-    rep = _compile_report(offline, [{}], "prefill,prefill_packed")[0]
-    packed, prefill = rep["prefill_packed"], rep["prefill"]
-    assert packed["fp_ops"] == prefill["fp_ops"] and packed["HGMMA"] > 0, (packed["fp_ops"], prefill["fp_ops"])
-    assert packed["spill_store_bytes"] == 0 and packed["UTMALDG"] == 0, packed
+    # instructions as the prefill kernel (only address code differs), with no spill; with FULL_KV_LOADS "tma" both
+    # load the blocks below the diagonal through TMA.
+    for rep, tma in zip(_compile_report(offline, [{}, {"FULL_KV_LOADS": "tma"}], "prefill,prefill_packed"),
+                        (False, True)):
+        packed, prefill = rep["prefill_packed"], rep["prefill"]
+        assert packed["fp_ops"] == prefill["fp_ops"] and packed["HGMMA"] > 0, (packed["fp_ops"], prefill["fp_ops"])
+        assert packed["spill_store_bytes"] == 0 and (packed["UTMALDG"] > 0) == tma == (prefill["UTMALDG"] > 0)
 
 
 def test_gluon_layout_free_row_sum_kernels_compile_for_hopper(offline):
