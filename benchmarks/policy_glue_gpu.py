@@ -162,10 +162,10 @@ def packed_attention(shapes: dict, g: torch.Generator, device: str, cell, out: d
     cell("attention.fwd.packed", packed, lambda: [packed()], [ref])
     cell("attention.fwd.per_sequence", per_sequence, lambda: [per_sequence()], [ref])
     if device == "cuda":  # the packed flash kernel a trainer would call (torch's varlen API, where it has one)
+        from kernels.attention.bench import varlen_flash
+
         def varlen():
-            from torch.nn.attention.varlen import varlen_attn
-            return varlen_attn(q, k, v, cu, cu, max(lens), max(lens), scale=scale, window_size=(-1, 0),
-                               enable_gqa=HQ != HKV)
+            return varlen_flash(q, k, v, cu, max(lens), scale)
         cell("attention.fwd.torch_varlen", varlen, lambda: [varlen()], [ref])
     if "error" not in out["cells"]["attention.fwd.packed"]:
         out["cells"]["attention.fwd.packed"]["bits_differing_vs_per_sequence"] = int(

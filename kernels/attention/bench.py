@@ -3,7 +3,8 @@
 Run on a GPU. For every variant: every consistency case of the family at level "full" (bitwise, bf16 and
 pre-cast fp32), then prefill / train_forward timed against SDPA's cuDNN and flash backends (CUDA events, `ms`,
 one implementation after another; and CUDA-graph replays, `graph_ms`, a cell's graphs replayed in rounds of
-rotating order) and decode timed as CUDA-graph replays against default SDPA, on the same inputs. Decode and the
+rotating order), the grid's packed training batches (`prefill_packed`) against torch's varlen flash attention,
+and decode timed as CUDA-graph replays against default SDPA, on the same inputs. Decode and the
 short prefill cells (at most EAGER_MAX_MS by events) also get `eager_us`: the wall time per call of calls made
 back to back, what a caller without CUDA graphs sees (the larger of host and GPU time). Also measures the
 copy-bandwidth and bf16 matmul ceilings. Writes one JSON file and prints a table last. Needs torch, triton and
@@ -346,6 +347,70 @@ def time_decode(modules: dict[str, Any], B: int, ctx: int, rows: list[dict]) -> 
             rows.append({"phase": "decode", "cell": cell, "impl": name, "error": repr(e)[:300]})
 
 
+def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+                 scale: float) -> torch.Tensor:
+    """Causal flash attention over a packed batch, as torch offers it to trainers: `torch.nn.attention.varlen`
+    where this torch has it (its keywords changed across releases, so each known form is tried), else the
+    flash kernel's own op (GQA needs no expanded K/V in either)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    forms = ({"scale": scale, "window_size": (-1, 0), "enable_gqa": q.shape[1] != k.shape[1]},
+             {"scale": scale, "window_size": (-1, 0)}, {"is_causal": True})
+    for kw in forms if varlen_attn is not None else ():
+        try:
+            return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+        except TypeError:  # a keyword this release does not take
+            continue
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
+                                                   scale=scale)[0]
+
+
+def packed_cells() -> list[tuple[str, list[int]]]:
+    """(name, sequence lengths) of the grid's packed training batches (`train_packed` workloads)."""
+    import yaml
+
+    grid = yaml.safe_load((Path(__file__).resolve().parents[2] / "workloads" / "attention_grid.yaml").read_text())
+    return [(w["name"], w["lengths"]) for w in grid["workloads"] if w["phase"] == "train_packed"]
+
+
+def time_packed(modules: dict[str, Any], lengths: list[int], rows: list[dict]) -> None:
+    """Every module's `prefill_packed` on one packed batch against torch's varlen flash attention, by CUDA events
+    (``ms``) and interleaved graph replays (``graph_ms``); ``rel_l2_vs_varlen`` compares the outputs."""
+    T, longest = sum(lengths), max(lengths)
+    gen = torch.Generator(device="cuda").manual_seed(T)
+    n_sets = max(1, min(8, PREFILL_SETS_BYTES // (T * (HQ + 2 * HKV) * D * 2)))
+    sets = [tuple(torch.randn((T, h, D), generator=gen, device="cuda", dtype=torch.bfloat16) for h in (HQ, HKV, HKV))
+            for _ in range(n_sets)]
+    cu = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    out = torch.empty_like(sets[0][0])
+    scale = 1 / math.sqrt(D)
+    flops = sum(4 * HQ * D * n * (n + 1) / 2 for n in lengths)
+    base = {"phase": "train_packed", "cell": f"train_packed B{len(lengths)} T{T}"}
+    calls = {"varlen_flash": lambda i: varlen_flash(*sets[i], cu, longest, scale),
+             **{name: lambda i, mod=mod: mod.prefill_packed(*sets[i], cu, longest, scale, out)
+                for name, mod in modules.items()}}
+    ref = None
+    jobs: list[tuple[dict, Callable[[int], None], int, float]] = []
+    for name, call in calls.items():
+        row = {**base, "impl": name}
+        rows.append(row)
+        try:
+            got = call(0)
+            got = out if got is None else got
+            if ref is None and name == "varlen_flash":
+                ref = got.float().clone()
+            ms = _event_ms(functools.partial(call, 0))
+            err = float((got.float() - ref).norm() / ref.norm()) if ref is not None else None
+            row.update({"ms": ms, "TFLOPs": flops / ms / 1e9, "rel_l2_vs_varlen": err})
+        except Exception as e:  # noqa: BLE001 - a torch without the peer, or a failing module, is a result
+            row["error"] = repr(e)[:300]
+            continue
+        jobs.append((row, call, n_sets, ms))
+    interleaved_graph_fields(jobs)
+
+
 def consistency(mod, seeds: list[int], cases: list[dict]) -> dict[str, Any]:
     result: dict[str, Any] = {"checks": 0, "failed": [], "seconds": 0.0}
     t0 = time.time()
@@ -380,8 +445,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also time (and check) a kernel file, e.g. from `tik-evo kernel attention ... -o FILE` "
                          "(repeatable)")
     ap.add_argument("--grid", action="store_true",
-                    help="time every cell of workloads/attention_grid.yaml (48) and report per-phase geomeans "
-                         "against the peers")
+                    help="time every cell of workloads/attention_grid.yaml (48, and the packed batches, which run "
+                         "without it too) and report per-phase geomeans against the peers")
     ap.add_argument("--decode-only", action="store_true", help="time the decode cells only (no prefill cells)")
     ap.add_argument("--cells", default=None, metavar="REGEX",
                     help="time only the cells whose name matches (names as printed, e.g. 'S1024|S1152' or "
@@ -494,6 +559,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
         save()
 
+    packed = [] if args.decode_only or args.quick else \
+        [(name, lens) for name, lens in packed_cells() if wanted(f"train_packed B{len(lens)} T{sum(lens)}")]
+    for name, lens in packed:
+        if left() < 25:
+            report["skipped"].append(name)
+            continue
+        time_packed(prefill_mods, lens, report["timings"])
+        torch.cuda.empty_cache()
+        save()
+
     # The family's own benches (fresh-input verification) on two cells, as the engine would run them.
     for wl in ({"phase": "decode", "batch": 4, "q_heads": HQ, "kv_heads": HKV, "head_dim": D, "context": 1000},
                {"phase": "prefill", "batch": 2, "q_heads": HQ, "kv_heads": HKV, "head_dim": D, "seq": 3001}):
@@ -537,7 +612,7 @@ def grid_cells() -> tuple[list[tuple[int, int]], list[tuple[str, int, int]]]:
     return decode, prefill
 
 
-PEER_OF = {"prefill": "sdpa_cudnn", "train_forward": "sdpa_cudnn", "decode": "sdpa"}
+PEER_OF = {"prefill": "sdpa_cudnn", "train_forward": "sdpa_cudnn", "train_packed": "varlen_flash", "decode": "sdpa"}
 
 
 def _figures(phase: str) -> dict[str, str]:
@@ -551,7 +626,7 @@ def _figures(phase: str) -> dict[str, str]:
 def geomeans(timings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per summary key (phase, or "<phase>_graph") and implementation: geometric mean over the timed cells of peer
     time / implementation time (> 1: faster than the peer), with "<name>_cells" the cells it covers. Peers: cuDNN
-    SDPA for prefill and train_forward, default SDPA for decode. A graph key also counts, in
+    SDPA for prefill and train_forward, torch's varlen flash for train_packed, default SDPA for decode. A graph key also counts, in
     "<name>_graph_errors", the cells left out because ours or the peer's capture failed (graph_error)."""
     by_cell: dict[str, dict[str, dict]] = {}
     for r in timings:
@@ -560,7 +635,7 @@ def geomeans(timings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     graph_errors: dict[tuple[str, str], int] = {}
     for impls in by_cell.values():
         for name, r in impls.items():
-            if name.startswith("sdpa"):
+            if name.startswith("sdpa") or name == "varlen_flash":
                 continue
             peer = impls.get(PEER_OF[r["phase"]], {})
             for key, unit in _figures(r["phase"]).items():

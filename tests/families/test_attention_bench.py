@@ -59,6 +59,53 @@ def test_bench_grid_and_geomeans():
     assert g["prefill"]["root"] == pytest.approx(0.75) and g["prefill"]["root_cells"] == 1  # cuDNN is the peer
 
 
+def test_bench_packed_cells_and_their_peer():
+    from kernels.attention.bench import geomeans, packed_cells
+
+    cells = packed_cells()  # the grid's train_packed workloads, every length listed
+    assert [n for n, _ in cells] == ["train_packed.B8.T16K", "train_packed.B4.T32K"]
+    assert [sum(lens) for _, lens in cells] == [16384, 32768]
+    rows = [{"phase": "train_packed", "cell": "t", "impl": "varlen_flash", "ms": 3.0},
+            {"phase": "train_packed", "cell": "t", "impl": "root", "ms": 2.0},
+            {"phase": "train_packed", "cell": "u", "impl": "varlen_flash", "error": "no flash"},
+            {"phase": "train_packed", "cell": "u", "impl": "root", "ms": 2.0}]
+    g = geomeans(rows)
+    assert g["train_packed"] == {"root": pytest.approx(1.5), "root_cells": 1}  # a cell without the peer: left out
+
+
+def test_varlen_peer_tries_each_releases_keywords(monkeypatch):
+    # torch's varlen API changed its keywords across releases: the peer takes the first form this torch accepts,
+    # and the flash op itself where the module is missing.
+    import sys
+    import types
+
+    from kernels.attention.bench import varlen_flash
+
+    q, kv = torch.zeros((5, 4, 8)), torch.zeros((5, 2, 8))
+    cu = torch.tensor([0, 2, 5], dtype=torch.int32)
+    seen = []
+
+    def older(*args, is_causal=False, return_aux=None):  # a release before `scale` and GQA keywords
+        seen.append(("older", is_causal, args[5:]))
+        return "older"
+
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", types.SimpleNamespace(varlen_attn=older))
+    assert varlen_flash(q, kv, kv, cu, 3, 0.5) == "older" and seen == [("older", True, (3, 3))]
+
+    def newer(*args, scale=None, window_size=(-1, -1), enable_gqa=False):
+        seen.append(("newer", scale, window_size, enable_gqa))
+        return "newer"
+
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", types.SimpleNamespace(varlen_attn=newer))
+    assert varlen_flash(q, kv, kv, cu, 3, 0.5) == "newer" and seen[-1] == ("newer", 0.5, (-1, 0), True)
+
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", None)  # no such module: the flash op
+    flash = []
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward",
+                        lambda *a, scale=None: flash.append((a[5:10], scale)) or ("flash",), raising=False)
+    assert varlen_flash(q, kv, kv, cu, 3, 0.5) == "flash" and flash == [((3, 3, 0.0, True, False), 0.5)]
+
+
 def test_bench_graph_geomeans_beside_the_event_ones():
     from kernels.attention.bench import geomeans
 
