@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
-# measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | campaign_attention |
+# measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
 # model | model_moe | model_graphs | model_speed | policy | policy_glue | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
@@ -161,6 +161,9 @@ while [ $# -gt 0 ]; do
       timeout 200 python3 benchmarks/attention_rowsum_split_gpu.py --out "$OUT/attention_rowsum_split.json" 2>&1 | tail -20 ;;
     attention_gluon_decode)  # the Gluon decode / prefill against Triton, bit for bit (a quick gate; GLUON_DECODE_SETS picks knob sets)
       timeout 150 python3 benchmarks/attention_gluon_decode_gpu.py ${GLUON_DECODE_SETS:+--sets $GLUON_DECODE_SETS} --out "$OUT/attention_gluon_decode.json" 2>&1 | tail -30 ;;
+    attention_packed)  # the grid's packed training batches: prefill_packed (root, hopper set) vs torch's varlen flash
+      timeout 240 python3 -m tik_evo.cli bench attention --variants root,hopper --cells train_packed --check-variants '' \
+        --budget-s 200 --out "$OUT/attention_packed.json" 2>&1 | tail -12 ;;
     campaign_attention)  # the knob search on seven grid cells, one a packed training batch (see campaign below)
       CAMPAIGN_ONLY='workloads.only=[prefill.B1.S4K,prefill.B1.S16K,train_forward.B4.S4K+128,train_packed.B8.T16K,decode.B1.ctx1K,decode.B1.ctx8K,decode.B16.ctx8K]' \
         campaign campaigns/h200_attention.yaml ;;
