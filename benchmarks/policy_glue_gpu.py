@@ -162,7 +162,7 @@ def packed_attention(shapes: dict, g: torch.Generator, device: str, cell, out: d
     cell("attention.fwd.packed", packed, lambda: [packed()], [ref])
     cell("attention.fwd.per_sequence", per_sequence, lambda: [per_sequence()], [ref])
     if device == "cuda":  # the packed flash kernel a trainer would call (torch's varlen API, where it has one)
-        from kernels.attention.bench import varlen_flash
+        from kernels.attention.autograd import varlen_flash
 
         def varlen():
             return varlen_flash(q, k, v, cu, max(lens), scale)

@@ -1,8 +1,9 @@
 """Attention for the policy update: a differentiable call whose forward is a kernel file's `prefill`.
 
 The forward values are the kernel's, the bits the rollout's decode agrees with. The backward recomputes the
-attention with torch SDPA under autograd and returns its gradients. Backward need not be bit-exact; only the
-forward log-probs have to equal the rollout's.
+attention with torch under autograd and returns its gradients: SDPA, or for a packed batch on a GPU torch's
+varlen flash attention in one call (SDPA per sequence where this torch has none). Backward need not be
+bit-exact; only the forward log-probs have to equal the rollout's.
 
     impl = load_kernel("attention_kernel.py")     # e.g. from `tik-evo kernel attention --set ... -o ...`
     out = attention(q, k, v, impl)                 # q [B, HQ, S, D], k/v [B, HKV, S, D], bf16
@@ -14,6 +15,7 @@ forward log-probs have to equal the rollout's.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from types import ModuleType
 
@@ -74,21 +76,78 @@ class _PackedAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
-        grads = [torch.empty_like(t) for t in (q, k, v)]
         with torch.enable_grad(), record_function("policy:attention.bwd"):
-            for lo, hi in zip(ctx.bounds, ctx.bounds[1:]):  # SDPA per sequence, on its heads-first copies
-                qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0).detach().requires_grad_() for t in (q, k, v))
-                o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=ctx.sm_scale,
-                                                   enable_gqa=q.shape[1] != k.shape[1])
-                for g, gs in zip(grads, torch.autograd.grad(o, (qs, ks, vs), grad_out[lo:hi].transpose(0, 1)[None])):
-                    g[lo:hi] = gs[0].transpose(0, 1)
+            grads = _varlen_grads(q, k, v, ctx.bounds, ctx.sm_scale, grad_out) if _use_varlen(q) else None
+            if grads is None:
+                grads = _per_sequence_grads(q, k, v, ctx.bounds, ctx.sm_scale, grad_out)
         return (*grads, None, None, None)
+
+
+# Whether torch's varlen flash attention ran forward and backward in this process (None: not tried yet). A torch
+# without it, or failing at these shapes, falls back to SDPA per sequence once and for all, with one warning.
+_VARLEN: dict[str, bool | None] = {"ok": None}
+
+
+def _use_varlen(q: torch.Tensor) -> bool:
+    return q.is_cuda and _VARLEN["ok"] is not False
+
+
+def _varlen_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.Tensor):
+    """dq, dk, dv from one varlen flash recompute and its backward (no head-first copies), or None."""
+    try:
+        qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
+        cu = torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True)
+        o = varlen_flash(qs, ks, vs, cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:])), sm_scale)
+        grads = torch.autograd.grad(o, (qs, ks, vs), grad_out.contiguous())
+    except (RuntimeError, TypeError, NotImplementedError, AttributeError) as e:
+        _VARLEN["ok"] = False
+        warnings.warn(f"attention_packed backward: torch's varlen flash attention failed ({e!r:.200}); "
+                      "using SDPA per sequence", RuntimeWarning, stacklevel=2)
+        return None
+    _VARLEN["ok"] = True
+    return grads
+
+
+def _per_sequence_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.Tensor):
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    for lo, hi in zip(bounds, bounds[1:]):  # SDPA per sequence, on its heads-first copies
+        qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0).detach().requires_grad_() for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=sm_scale,
+                                           enable_gqa=q.shape[1] != k.shape[1])
+        for g, gs in zip(grads, torch.autograd.grad(o, (qs, ks, vs), grad_out[lo:hi].transpose(0, 1)[None])):
+            g[lo:hi] = gs[0].transpose(0, 1)
+    return grads
+
+
+def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
+                 scale: float) -> torch.Tensor:
+    """Causal flash attention over a packed batch, as torch offers it to trainers: `torch.nn.attention.varlen`
+    where this torch has it (its keywords changed across releases, so each known form is tried), else the
+    flash kernel's own op (GQA needs no expanded K/V in either)."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        varlen_attn = None
+    forms = [{"scale": scale, "window_size": (-1, 0), "enable_gqa": q.shape[1] != k.shape[1]},
+             {"scale": scale, "window_size": (-1, 0)}]
+    if scale == q.shape[-1] ** -0.5:  # the oldest form has no scale keyword: its default must be ours
+        forms.append({"is_causal": True})
+    for kw in forms if varlen_attn is not None else ():
+        try:
+            return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
+        except TypeError:  # a keyword this release does not take
+            continue
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
+                                                   scale=scale)[0]
+
+
 
 
 def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], impl: ModuleType,
                      sm_scale: float) -> torch.Tensor:
     """Causal attention of packed sequences (rows bounds[b]..bounds[b + 1] of q [T, HQ, D], k/v [T, HKV, D]) ->
-    [T, HQ, D]: one `impl.prefill_packed` launch forward, SDPA per sequence backward."""
+    [T, HQ, D]: one `impl.prefill_packed` launch forward; backward through torch's varlen flash attention on a
+    GPU (SDPA per sequence where that is missing)."""
     if q.dim() != 3 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] \
             or q.shape[1] % k.shape[1] or bounds[0] != 0 or bounds[-1] != q.shape[0]:
         raise ValueError(f"attention_packed: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, bounds "

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from kernels.attention.autograd import varlen_flash
 from kernels.attention.family import AttentionFamily
 from tik_evo import checks
 from tik_evo.knobs import read_knobs, write_knobs
@@ -345,26 +346,6 @@ def time_decode(modules: dict[str, Any], B: int, ctx: int, rows: list[dict]) -> 
                          "eager_us": eager_us(functools.partial(call, 0))})
         except Exception as e:  # noqa: BLE001
             rows.append({"phase": "decode", "cell": cell, "impl": name, "error": repr(e)[:300]})
-
-
-def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, max_len: int,
-                 scale: float) -> torch.Tensor:
-    """Causal flash attention over a packed batch, as torch offers it to trainers: `torch.nn.attention.varlen`
-    where this torch has it (its keywords changed across releases, so each known form is tried), else the
-    flash kernel's own op (GQA needs no expanded K/V in either)."""
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        varlen_attn = None
-    forms = ({"scale": scale, "window_size": (-1, 0), "enable_gqa": q.shape[1] != k.shape[1]},
-             {"scale": scale, "window_size": (-1, 0)}, {"is_causal": True})
-    for kw in forms if varlen_attn is not None else ():
-        try:
-            return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kw)
-        except TypeError:  # a keyword this release does not take
-            continue
-    return torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, True, False,
-                                                   scale=scale)[0]
 
 
 def packed_cells() -> list[tuple[str, list[int]]]:

@@ -510,3 +510,52 @@ def test_autograd_forward_is_the_kernels_and_gradients_match_the_reference(tmp_p
         assert float((ours.double() - ref).norm() / ref.norm()) < 2e-2
     with pytest.raises(ValueError, match="HKV dividing HQ"):
         attention(q, k[:, :1].expand(1, 3, 45, 64), v[:, :1].expand(1, 3, 45, 64), impl)
+
+
+def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_back_for_good(monkeypatch):
+    # On a GPU the packed backward recomputes through torch's varlen flash attention in one call; where that
+    # fails it warns once and uses SDPA per sequence from then on. Here a packed SDPA with a block-diagonal
+    # causal mask stands in for the flash kernel (the CPU has none): same gradients as the per-sequence path.
+    from kernels.attention import autograd as ag
+
+    impl = load(FAMILY.root_source())
+    bounds, HQ, HKV, D = [0, 7, 30, 31], 4, 2, 64
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn((31, h, D), generator=g).to(torch.bfloat16) for h in (HQ, HKV, HKV))
+    grad_out = torch.randn((31, HQ, D), generator=g).to(torch.bfloat16)
+
+    def grads():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        ag.attention_packed(*leaves, bounds, impl, D ** -0.5).backward(grad_out)
+        return [t.grad for t in leaves]
+
+    def packed_sdpa(qs, ks, vs, cu, max_len, scale):
+        seq = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.tensor(bounds).diff())
+        pos = torch.arange(qs.shape[0])
+        mask = (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])
+        o = torch.nn.functional.scaled_dot_product_attention(
+            *(t.transpose(0, 1)[None] for t in (qs, ks, vs)), attn_mask=mask, scale=scale, enable_gqa=True)
+        calls.append(max_len)
+        return o[0].transpose(0, 1)
+
+    calls = []
+    monkeypatch.setitem(ag._VARLEN, "ok", None)
+    per_sequence = grads()  # on the CPU: never the varlen path
+    assert calls == [] and ag._VARLEN["ok"] is None
+    monkeypatch.setattr(ag, "_use_varlen", lambda q: ag._VARLEN["ok"] is not False)
+    monkeypatch.setattr(ag, "varlen_flash", packed_sdpa)
+    for ours, ref in zip(grads(), per_sequence):
+        assert float((ours.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
+    assert calls == [23] and ag._VARLEN["ok"] is True  # one call over the whole batch, the longest sequence 23
+
+    def broken(*args):
+        raise RuntimeError("no flash kernel for this GPU")
+
+    monkeypatch.setattr(ag, "varlen_flash", broken)
+    monkeypatch.setitem(ag._VARLEN, "ok", None)
+    with pytest.warns(RuntimeWarning, match="no flash kernel"):
+        fallback = grads()
+    assert ag._VARLEN["ok"] is False and all(torch.equal(a, b) for a, b in zip(fallback, per_sequence))
+    monkeypatch.setattr(ag, "varlen_flash", packed_sdpa)
+    grads()  # not tried again in this process
+    assert calls == [23]

@@ -74,23 +74,27 @@ def test_bench_packed_cells_and_their_peer():
 
 
 def test_varlen_peer_tries_each_releases_keywords(monkeypatch):
-    # torch's varlen API changed its keywords across releases: the peer takes the first form this torch accepts,
-    # and the flash op itself where the module is missing.
+    # torch's varlen API changed its keywords across releases: the peer takes the first form this torch accepts
+    # (the oldest, without a scale keyword, only where its default scale is ours), and the flash op itself where
+    # the module is missing or no form fits.
     import sys
     import types
 
-    from kernels.attention.bench import varlen_flash
+    from kernels.attention.autograd import varlen_flash
 
     q, kv = torch.zeros((5, 4, 8)), torch.zeros((5, 2, 8))
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
-    seen = []
+    seen, flash = [], []
+    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward",
+                        lambda *a, scale=None: flash.append((a[5:10], scale)) or ("flash",), raising=False)
 
-    def older(*args, is_causal=False, return_aux=None):  # a release before `scale` and GQA keywords
+    def older(*args, is_causal=False, return_aux=None):  # a release before the `scale` and GQA keywords
         seen.append(("older", is_causal, args[5:]))
         return "older"
 
     monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", types.SimpleNamespace(varlen_attn=older))
-    assert varlen_flash(q, kv, kv, cu, 3, 0.5) == "older" and seen == [("older", True, (3, 3))]
+    assert varlen_flash(q, kv, kv, cu, 3, 8 ** -0.5) == "older" and seen == [("older", True, (3, 3))]
+    assert varlen_flash(q, kv, kv, cu, 3, 0.5) == "flash" and flash == [((3, 3, 0.0, True, False), 0.5)]
 
     def newer(*args, scale=None, window_size=(-1, -1), enable_gqa=False):
         seen.append(("newer", scale, window_size, enable_gqa))
@@ -100,10 +104,7 @@ def test_varlen_peer_tries_each_releases_keywords(monkeypatch):
     assert varlen_flash(q, kv, kv, cu, 3, 0.5) == "newer" and seen[-1] == ("newer", 0.5, (-1, 0), True)
 
     monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", None)  # no such module: the flash op
-    flash = []
-    monkeypatch.setattr(torch.ops.aten, "_flash_attention_forward",
-                        lambda *a, scale=None: flash.append((a[5:10], scale)) or ("flash",), raising=False)
-    assert varlen_flash(q, kv, kv, cu, 3, 0.5) == "flash" and flash == [((3, 3, 0.0, True, False), 0.5)]
+    assert varlen_flash(q, kv, kv, cu, 3, 0.5) == "flash" and len(flash) == 2
 
 
 def test_bench_graph_geomeans_beside_the_event_ones():
