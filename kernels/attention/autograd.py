@@ -141,8 +141,6 @@ def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Te
                                                    scale=scale)[0]
 
 
-
-
 def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], impl: ModuleType,
                      sm_scale: float) -> torch.Tensor:
     """Causal attention of packed sequences (rows bounds[b]..bounds[b + 1] of q [T, HQ, D], k/v [T, HKV, D]) ->

@@ -607,8 +607,9 @@ def _figures(phase: str) -> dict[str, str]:
 def geomeans(timings: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per summary key (phase, or "<phase>_graph") and implementation: geometric mean over the timed cells of peer
     time / implementation time (> 1: faster than the peer), with "<name>_cells" the cells it covers. Peers: cuDNN
-    SDPA for prefill and train_forward, torch's varlen flash for train_packed, default SDPA for decode. A graph key also counts, in
-    "<name>_graph_errors", the cells left out because ours or the peer's capture failed (graph_error)."""
+    SDPA for prefill and train_forward, torch's varlen flash for train_packed, default SDPA for decode. A graph
+    key also counts, in "<name>_graph_errors", the cells left out because ours or the peer's capture failed
+    (graph_error)."""
     by_cell: dict[str, dict[str, dict]] = {}
     for r in timings:
         by_cell.setdefault(r["cell"], {})[r["impl"]] = r
