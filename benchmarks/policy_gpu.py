@@ -35,6 +35,7 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels.attention.autograd import packed_backward_path  # noqa: E402
 from kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
 from kernels.files import add_arguments, impls_from_args  # noqa: E402
 from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
@@ -194,10 +195,12 @@ def main(argv: list[str] | None = None) -> int:
             row["step"]["breakdown"] = breakdown(m, sequences(shape.vocab, step_lens, device, 7), step_prompts,
                                                  device)
             st = row["step"]
+            st["attention_backward"] = packed_backward_path(device)  # torch's varlen flash, or SDPA per sequence
             fams = st["breakdown"]["families"]
             print(f"{name}: kernel time of one step by family (ms): " + ", ".join(
                 f"{k} {v['ms']:.2f}" for k, v in sorted(fams.items(), key=lambda kv: -kv[1]["ms"])) +
-                f", other {st['breakdown']['other_ms']:.2f}", flush=True)
+                f", other {st['breakdown']['other_ms']:.2f} (attention backward: {st['attention_backward']})",
+                flush=True)
             if "unified_over_torch" in st:
                 print(f"{name}: policy step {st['unified']['ms']:.1f} ms ({st['unified']['peak_extra_GB']:.1f} GB) "
                       f"against {st['torch']['ms']:.1f} ms ({st['torch']['peak_extra_GB']:.1f} GB) for torch: "

@@ -92,6 +92,13 @@ def _use_varlen(q: torch.Tensor) -> bool:
     return q.is_cuda and _VARLEN["ok"] is not False
 
 
+def packed_backward_path(device: str | torch.device) -> str:
+    """What the packed attention's backward ran in this process on `device`, for benchmark records."""
+    if torch.device(device).type != "cuda":
+        return "sdpa_per_sequence"
+    return {True: "varlen_flash", False: "sdpa_per_sequence (varlen failed)", None: "not run"}[_VARLEN["ok"]]
+
+
 def _varlen_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.Tensor):
     """dq, dk, dv from one varlen flash recompute and its backward (no head-first copies), or None."""
     try:

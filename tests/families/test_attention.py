@@ -547,6 +547,7 @@ def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_bac
     for ours, ref in zip(grads(), per_sequence):
         assert float((ours.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
     assert calls == [23] and ag._VARLEN["ok"] is True  # one call over the whole batch, the longest sequence 23
+    assert ag.packed_backward_path("cuda") == "varlen_flash" and ag.packed_backward_path("cpu") == "sdpa_per_sequence"
 
     def broken(*args):
         raise RuntimeError("no flash kernel for this GPU")
@@ -556,6 +557,7 @@ def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_bac
     with pytest.warns(RuntimeWarning, match="no flash kernel"):
         fallback = grads()
     assert ag._VARLEN["ok"] is False and all(torch.equal(a, b) for a, b in zip(fallback, per_sequence))
+    assert ag.packed_backward_path("cuda") == "sdpa_per_sequence (varlen failed)"
     monkeypatch.setattr(ag, "varlen_flash", packed_sdpa)
     grads()  # not tried again in this process
     assert calls == [23]
