@@ -58,9 +58,14 @@ def prefill_packed(impl: ModuleType, q: torch.Tensor, k: torch.Tensor, v: torch.
     """One `impl.prefill_packed` launch over the sequences at rows bounds[b]..bounds[b + 1] of q [T, HQ, D] and
     k/v [T, HKV, D] (host bounds: the longest length needs no sync) -> out [T, HQ, D]."""
     out = torch.empty_like(q)
-    cu = torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True)
-    impl.prefill_packed(q, k, v, cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:])), sm_scale, out)
+    impl.prefill_packed(q, k, v, *_cu_seqlens(bounds, q.device), sm_scale, out)
     return out
+
+
+def _cu_seqlens(bounds: list[int], device: torch.device) -> tuple[torch.Tensor, int]:
+    """Host row bounds -> (int32 cu_seqlens on `device`, the longest sequence as a host int: no sync)."""
+    cu = torch.tensor(bounds, dtype=torch.int32).to(device, non_blocking=True)
+    return cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:]))
 
 
 class _PackedAttention(torch.autograd.Function):
@@ -103,8 +108,7 @@ def _varlen_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.T
     """dq, dk, dv from one varlen flash recompute and its backward (no head-first copies), or None."""
     try:
         qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
-        cu = torch.tensor(bounds, dtype=torch.int32).to(q.device, non_blocking=True)
-        o = varlen_flash(qs, ks, vs, cu, max(hi - lo for lo, hi in zip(bounds, bounds[1:])), sm_scale)
+        o = varlen_flash(qs, ks, vs, *_cu_seqlens(bounds, q.device), sm_scale)
         grads = torch.autograd.grad(o, (qs, ks, vs), grad_out.contiguous())
     except (RuntimeError, TypeError, NotImplementedError, AttributeError) as e:
         _VARLEN["ok"] = False
