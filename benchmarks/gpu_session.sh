@@ -132,7 +132,7 @@ while [ $# -gt 0 ]; do
         ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
         --out "$OUT/model_speed${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" 2>&1 | tail -34 ;;
     rowwise_sweep)
-      timeout 150 python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
+      timeout ${SWEEP_S:-150} python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
         --out "$OUT" 2>&1 | tail -30 ;;
     linear_variants) v=$1; shift  # linear decode variants vs cuBLAS, each bit-checked against the full path
       timeout 230 python3 benchmarks/ops_matmul_gpu.py --linear-variants "$v" --budget-s 170 --linear-full-ms 4096 16384 \

@@ -7,7 +7,8 @@ Qwen3 embedding table, 151936 x 2560):
 - the embedding table's gradient (`kernels/embedding_backward.py`) against index_add into an fp32 table;
 - attention over the packed sequences (4 x 2048 tokens, 32 query / 4 KV heads of 128): one `prefill_packed`
   launch against a `prefill` launch per sequence on heads-first copies (and the copy back), as the harness did,
-  and (GPU) torch's packed flash attention (`torch.nn.attention.varlen`, where this torch has it).
+  and (GPU) torch's packed flash attention (`torch.nn.attention.varlen`, where this torch has it); its backward
+  (with the recompute) through that varlen flash attention against SDPA per sequence, the fallback.
 Each row: median ms (do_bench), the peak memory the call added (MB), and the result's relative L2 against an
 fp32 torch reference (backward has no bitwise contract); the packed attention also counts the elements whose
 bits differ from the per-sequence launches (its contract: none). Writes JSON.
@@ -170,6 +171,26 @@ def packed_attention(shapes: dict, g: torch.Generator, device: str, cell, out: d
     if "error" not in out["cells"]["attention.fwd.packed"]:
         out["cells"]["attention.fwd.packed"]["bits_differing_vs_per_sequence"] = int(
             (packed().view(torch.int16) != per_sequence().view(torch.int16)).sum())
+    packed_attention_backward(q, k, v, bounds, scale, g, device, cell)
+
+
+def packed_attention_backward(q, k, v, bounds: list[int], scale: float, g: torch.Generator, device: str,
+                              cell) -> None:
+    """The packed attention's backward (recompute included) as the policy step runs it: torch's varlen flash
+    (GPU) against SDPA per sequence on heads-first copies, gradients against fp32 SDPA per sequence."""
+    from kernels.attention import autograd as attn_grad
+
+    gy = torch.randn(q.shape, generator=g, device=device).to(torch.bfloat16)
+    ref = attn_grad._per_sequence_grads(q.float(), k.float(), v.float(), bounds, scale, gy.float())
+    cell("attention.bwd.sdpa_per_sequence", lambda: attn_grad._per_sequence_grads(q, k, v, bounds, scale, gy),
+         lambda: attn_grad._per_sequence_grads(q, k, v, bounds, scale, gy), ref)
+    if device == "cuda":
+        def varlen():
+            grads = attn_grad._varlen_grads(q, k, v, bounds, scale, gy)
+            if grads is None:
+                raise RuntimeError("torch's varlen flash attention failed (see the warning)")
+            return grads
+        cell("attention.bwd.torch_varlen", varlen, varlen, ref)
 
 
 def main(argv: list[str] | None = None) -> int:
