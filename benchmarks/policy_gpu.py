@@ -11,6 +11,9 @@ dense and MoE models at Qwen3 widths:
    (`TorchOps(native=True)`: cuBLAS, SDPA, torch._grouped_mm for the experts, fp32 norms and softmax): GPU time
    (CUDA events, the two interleaved, median of --reps after two warm-up rounds) and peak memory.
 
+Checks and steps run once per --matmul-backward mode: the linear layers' gradients from the kernel file's own
+backward ("kernel") or from cuBLAS ("vendor"), `KernelOps`' two ways.
+
     PYTHONPATH=$PWD python3 benchmarks/policy_gpu.py --out policy.json
     python3 benchmarks/policy_gpu.py --smoke --out x.json    # tiny shapes on the CPU (the interpreter): the code
 
@@ -71,29 +74,40 @@ def bits(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
     return int((x.view(torch.int32) != y.view(torch.int32)).sum())
 
 
-def checks(m: MoEDecoder, seqs, prompts, device: str) -> dict:
-    """Bits against training and rollout; each parameter's gradient against the fp32 torch model's."""
+def checks(m: MoEDecoder, seqs, prompts, device: str, modes: list[str]) -> dict:
+    """Bits against training and rollout; each parameter's gradient against the fp32 torch model's, for each
+    way of taking the linear layers' gradients (`KernelOps`' matmul_backward; the first one's key has no
+    suffix)."""
     train = m.training_logprobs(seqs, prompts)
     rollout = m.rollout_logprobs(seqs, prompts)
     adv = torch.randn(sum(t.numel() for t in train), generator=torch.Generator().manual_seed(5)).to(device)
-    ours, ref = RecordingRouting(KernelOps(m.k)), RecordingRouting(TorchOps())
-    lp = backward(m, seqs, prompts, adv, ours)
-    g_ours = [p.grad.clone() for p in m.parameters()]
+    ref = RecordingRouting(TorchOps())
+    runs = {}
+    for mode in modes:
+        ours = RecordingRouting(KernelOps(m.k, matmul_backward=mode))
+        runs[mode] = ours, backward(m, seqs, prompts, adv, ours), [p.grad.clone() for p in m.parameters()]
     backward(m, seqs, prompts, adv, ref)
-    rel = [float((a.double() - p.grad.double()).norm() / p.grad.double().norm()) for a, p in zip(g_ours, m.parameters())]
-    rerouted = sum(int((a.sort(-1).values != b.sort(-1).values).any(-1).sum()) for a, b in zip(ours.ids, ref.ids))
-    return {"answer_tokens": int(torch.cat(train).numel()), "policy_vs_training_mismatches": bits(lp, train),
-            "policy_vs_rollout_mismatches": bits(lp, rollout), "training_vs_rollout_mismatches": bits(train, rollout),
-            "grad_rel_l2_vs_fp32_torch": {"max": max(rel), "median": statistics.median(rel), "per_param": rel},
-            "tokens_routed_differently_vs_fp32_torch": rerouted,
-            "token_layer_pairs_routed": sum(int(i.shape[0]) for i in ours.ids)}
+    ours, lp, _ = runs[modes[0]]
+    out = {"answer_tokens": int(torch.cat(train).numel()), "policy_vs_training_mismatches": bits(lp, train),
+           "policy_vs_rollout_mismatches": bits(lp, rollout), "training_vs_rollout_mismatches": bits(train, rollout)}
+    for i, (mode, (_, _, grads)) in enumerate(runs.items()):
+        rel = [float((a.double() - p.grad.double()).norm() / p.grad.double().norm())
+               for a, p in zip(grads, m.parameters())]
+        out["grad_rel_l2_vs_fp32_torch" + (f"_{mode}_matmul_bwd" if i else "")] = {
+            "max": max(rel), "median": statistics.median(rel), "per_param": rel}
+    out["tokens_routed_differently_vs_fp32_torch"] = sum(
+        int((a.sort(-1).values != b.sort(-1).values).any(-1).sum()) for a, b in zip(ours.ids, ref.ids))
+    out["token_layer_pairs_routed"] = sum(int(i.shape[0]) for i in ours.ids)
+    return out
 
 
-def step_times(m: MoEDecoder, seqs, prompts, reps: int, device: str) -> dict:
-    """Forward + backward of the policy loss, ours against the torch trainer's model, interleaved."""
+def step_times(m: MoEDecoder, seqs, prompts, reps: int, device: str, modes: list[str]) -> dict:
+    """Forward + backward of the policy loss, ours (for each matmul_backward mode: "unified" for the first,
+    "unified_<mode>_matmul_bwd" for the rest) against the torch trainer's model, interleaved."""
     adv = torch.randn(sum(n - p for n, p in zip(map(len, seqs), prompts)),
                       generator=torch.Generator().manual_seed(6)).to(device)
-    runs = {"unified": KernelOps(m.k), "torch": TorchOps(native=True)}
+    runs = {run_label(i, mode): KernelOps(m.k, matmul_backward=mode) for i, mode in enumerate(modes)}
+    runs["torch"] = TorchOps(native=True)
     times: dict = {k: [] for k in runs}
     peak: dict = {}
     for r in range(reps + 2):  # two warm-up rounds
@@ -117,12 +131,18 @@ def step_times(m: MoEDecoder, seqs, prompts, reps: int, device: str) -> dict:
         from kernels.autograd import _grouped_mm_trains
 
         out["torch_experts"] = "torch._grouped_mm" if _grouped_mm_trains(torch.device(device)) else "per-expert matmuls"
-    if out["unified"]["ms"] and out["torch"]["ms"]:
-        out["unified_over_torch"] = out["unified"]["ms"] / out["torch"]["ms"]
+    for i, mode in enumerate(modes):
+        label = run_label(i, mode)
+        if out[label]["ms"] and out["torch"]["ms"]:
+            out[label + "_over_torch"] = out[label]["ms"] / out["torch"]["ms"]
     return out
 
 
-def breakdown(m: MoEDecoder, seqs, prompts, device: str) -> dict:
+def run_label(i: int, mode: str) -> str:
+    return "unified" if i == 0 else f"unified_{mode}_matmul_bwd"
+
+
+def breakdown(m: MoEDecoder, seqs, prompts, device: str, mode: str) -> dict:
     """One policy step on the kernels under the profiler: per family and direction ("linear.fwd", "linear.bwd",
     ...), the GPU time of the kernels inside its calls (ms) and its calls; "other_ms" is the step's remaining
     kernel time (the harness's glue, autograd's own kernels)."""
@@ -133,7 +153,7 @@ def breakdown(m: MoEDecoder, seqs, prompts, device: str) -> dict:
                       generator=torch.Generator().manual_seed(6)).to(device)
     cuda = device == "cuda"
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        backward(m, seqs, prompts, adv, KernelOps(m.k))
+        backward(m, seqs, prompts, adv, KernelOps(m.k, matmul_backward=mode))
         if cuda:
             torch.cuda.synchronize()
     per = kernel_us_by_label(prof, "policy:")
@@ -152,12 +172,19 @@ def main(argv: list[str] | None = None) -> int:
                     f"--smoke: {', '.join(SMOKE)}")
     ap.add_argument("--no-step", action="store_true", help="bits and gradients only (no policy-step timing)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under the interpreter")
+    ap.add_argument("--matmul-backward", default="kernel,vendor",
+                    help="comma-separated ways to take the linear layers' gradients, each checked and timed: kernel "
+                         "(the kernel file's backward), vendor (cuBLAS through torch); the first is 'unified'")
     add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
     loaded = impls_from_args(args, FAMILIES)  # before the GPU: a wrong argument is named on any machine
     if loaded is None:
         return 2
     impls, replaced = loaded
+    modes = [m for m in args.matmul_backward.split(",") if m]
+    if not modes or any(m not in ("kernel", "vendor") for m in modes):
+        print(f"error: --matmul-backward {args.matmul_backward!r}: expected a comma-separated list of kernel, vendor")
+        return 2
     if args.smoke:
         from tik_evo import interp
 
@@ -181,19 +208,25 @@ def main(argv: list[str] | None = None) -> int:
         m = MoEDecoder(shape, 0, device, impls=impls)
         for p in m.parameters():
             p.requires_grad_(True)
-        row = {"shape": shape.__dict__, "checks": checks(m, sequences(shape.vocab, lens, device, 100), prompts, device)}
+        row = {"shape": shape.__dict__, "checks": checks(m, sequences(shape.vocab, lens, device, 100), prompts, device,
+                                                          modes)}
         c = row["checks"]
         print(f"{name}: {c['answer_tokens']} log-probs, policy vs training {c['policy_vs_training_mismatches']}, vs "
               f"rollout {c['policy_vs_rollout_mismatches']} differ; gradients vs fp32 torch: max rel "
               f"{c['grad_rel_l2_vs_fp32_torch']['max']:.3g}, median {c['grad_rel_l2_vs_fp32_torch']['median']:.3g}; "
               f"{c['tokens_routed_differently_vs_fp32_torch']} of {c['token_layer_pairs_routed']} token-layers routed "
               "differently", flush=True)
+        for mode in modes[1:]:
+            r = c[f"grad_rel_l2_vs_fp32_torch_{mode}_matmul_bwd"]
+            print(f"{name}: gradients with the {mode} matmul backward vs fp32 torch: max rel {r['max']:.3g}, median "
+                  f"{r['median']:.3g}", flush=True)
         if not args.no_step:
             step_lens, step_prompts = (SMOKE_LENS, SMOKE_PROMPTS) if args.smoke else (STEP_LENS, STEP_PROMPTS)
             row["step"] = step_times(m, sequences(shape.vocab, step_lens, device, 7), step_prompts,
-                                     1 if args.smoke else args.reps, device)
-            row["step"]["breakdown"] = breakdown(m, sequences(shape.vocab, step_lens, device, 7), step_prompts,
-                                                 device)
+                                     1 if args.smoke else args.reps, device, modes)
+            for i, mode in enumerate(modes):
+                row["step"]["breakdown" + ("" if i == 0 else f"_{mode}_matmul_bwd")] = breakdown(
+                    m, sequences(shape.vocab, step_lens, device, 7), step_prompts, device, mode)
             st = row["step"]
             st["attention_backward"] = packed_backward_path(device)  # torch's varlen flash, or SDPA per sequence
             fams = st["breakdown"]["families"]
@@ -201,10 +234,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{k} {v['ms']:.2f}" for k, v in sorted(fams.items(), key=lambda kv: -kv[1]["ms"])) +
                 f", other {st['breakdown']['other_ms']:.2f} (attention backward: {st['attention_backward']})",
                 flush=True)
-            if "unified_over_torch" in st:
-                print(f"{name}: policy step {st['unified']['ms']:.1f} ms ({st['unified']['peak_extra_GB']:.1f} GB) "
-                      f"against {st['torch']['ms']:.1f} ms ({st['torch']['peak_extra_GB']:.1f} GB) for torch: "
-                      f"{st['unified_over_torch']:.3f}x", flush=True)
+            for i, mode in enumerate(modes):
+                label = run_label(i, mode)
+                if label + "_over_torch" in st:
+                    print(f"{name}: policy step ({mode} matmul backward) {st[label]['ms']:.1f} ms "
+                          f"({st[label]['peak_extra_GB']:.1f} GB) against {st['torch']['ms']:.1f} ms "
+                          f"({st['torch']['peak_extra_GB']:.1f} GB) for torch: {st[label + '_over_torch']:.3f}x",
+                          flush=True)
         result["configs"][name] = row
         del m
         if device == "cuda":

@@ -5,8 +5,9 @@ forward gives it, so its values are the kernel's bits, the ones the rollout's de
 uses the file's own backward entry point where it has one (linear, grouped linear, RoPE, SiLU-and-mul,
 log-prob), one shared kernel for the norms (RMSNorm, QK RMSNorm, add + RMSNorm: `kernels/norm_backward.py`), one
 for the embedding table (`kernels/embedding_backward.py`), the MoE glue's own (`kernels/moe_combine.py`) and fp32
-torch arithmetic for the router (attention recomputes with SDPA: `kernels/attention/autograd.py`).
-Backward need not be bit-exact.
+torch arithmetic for the router (attention recomputes with torch's flash attention:
+`kernels/attention/autograd.py`). `KernelOps(impls, matmul_backward="vendor")` takes the linear layers'
+gradients from cuBLAS instead, as a torch trainer does. Backward need not be bit-exact.
 
     ops = KernelOps(impls)                       # impls: {family: kernel module}, e.g. kernels.decoder.roots()
     y = ops.linear(x, w)                         # bf16 [tokens, out], differentiable in x and w
@@ -69,10 +70,17 @@ def routing_backward(logits: torch.Tensor, ids: torch.Tensor, grad_weights: torc
 
 
 class KernelOps:
-    """The differentiable calls on kernel files (`impls`: {family: module with its entry points})."""
+    """The differentiable calls on kernel files (`impls`: {family: module with its entry points}).
 
-    def __init__(self, impls: dict[str, ModuleType]):
+    `matmul_backward`: the linear layers' gradients (no bitwise contract) from the kernel file's own backward
+    ("kernel"), or from cuBLAS through torch ("vendor": `torch.mm`, and `torch._grouped_mm` for an MoE layer's
+    experts where the GPU and torch have it, else the kernel file's), as a torch trainer computes them."""
+
+    def __init__(self, impls: dict[str, ModuleType], matmul_backward: str = "kernel"):
+        if matmul_backward not in ("kernel", "vendor"):
+            raise ValueError(f"KernelOps: matmul_backward {matmul_backward!r}: expected 'kernel' or 'vendor'")
         self.k = impls
+        self.vendor_backward = matmul_backward == "vendor"
 
     def linear(self, x, w):
         lin = self.k["linear"]
@@ -84,6 +92,8 @@ class KernelOps:
 
         def bwd(inputs, _, gy):
             x, w = inputs
+            if self.vendor_backward:
+                return gy @ w, gy.t() @ x
             gx, gw = torch.empty_like(x), torch.empty_like(w)
             lin.linear_backward(x, w, gy.contiguous(), gx, gw, None)
             return gx, gw
@@ -99,6 +109,10 @@ class KernelOps:
 
         def bwd(inputs, _, gy):
             x, weights, starts = inputs
+            if self.vendor_backward and _grouped_mm_trains(x.device):
+                offs = starts[1:].to(torch.int32)
+                gy = gy.contiguous()
+                return (torch._grouped_mm(gy, weights, offs=offs), torch._grouped_mm(gy.t(), x, offs=offs), None)
             gx, gw = torch.empty_like(x), torch.empty_like(weights)
             lin.linear_grouped_backward(x, weights, starts, gy.contiguous(), gx, gw)
             return gx, gw, None

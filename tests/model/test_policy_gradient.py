@@ -101,6 +101,30 @@ def test_each_call_backpropagates_like_torch():
             assert rel < GRAD_TOL, (name, i, rel)
 
 
+def test_vendor_matmul_backward_gives_torchs_gradients():
+    # KernelOps(matmul_backward="vendor"): the linear layers' gradients through torch's matmuls (the grouped one
+    # falls back to the kernel file's off a Hopper GPU), the forward still the kernel's bits.
+    g = torch.Generator().manual_seed(2)
+    x, w = torch.randn((7, 48), generator=g).to(torch.bfloat16), (torch.randn((20, 48), generator=g) * 0.2).to(
+        torch.bfloat16)
+    ws = (torch.randn((3, 20, 48), generator=g) * 0.2).to(torch.bfloat16)
+    starts = torch.tensor([0, 2, 2, 7], dtype=torch.int32)
+    impls = MoEDecoder(MoEShape(), 0, "cpu").k
+    for name, diff, const in (("linear", (x, w), ()), ("linear_grouped", (x, ws), (starts,))):
+        outs, grads = [], []
+        for ops in (KernelOps(impls, matmul_backward="vendor"), KernelOps(impls), TorchOps()):
+            xs = [t.clone().requires_grad_() for t in diff]
+            y = getattr(ops, name)(*xs, *const)
+            y.float().sum().backward()
+            outs.append(y.detach())
+            grads.append([t.grad for t in xs])
+        assert torch.equal(outs[0], outs[1]), name  # the forward is the kernel's either way
+        for a, b in zip(grads[0], grads[2]):
+            assert float((a.double() - b.double()).norm() / b.double().norm()) < GRAD_TOL, name
+    with pytest.raises(ValueError, match="matmul_backward 'cublas'"):
+        KernelOps(impls, matmul_backward="cublas")
+
+
 def test_a_policy_step_profile_splits_by_family_and_direction():
     # benchmarks/policy_gpu.py's breakdown: every call is labelled forward and backward (on the CPU only the labels
     # and counts are checkable). Dense, 2 layers, 3 sequences: qkv, o, gate, up, down per layer plus the lm_head;
@@ -111,11 +135,11 @@ def test_a_policy_step_profile_splits_by_family_and_direction():
     m = MoEDecoder(MoEShape(experts=0, intermediate=96), 1, "cpu")
     for p in m.parameters():
         p.requires_grad_(True)
-    fams = policy.breakdown(m, sequences(3), PROMPTS, "cpu")["families"]
+    fams = policy.breakdown(m, sequences(3), PROMPTS, "cpu", "kernel")["families"]
     calls = {k: v["calls"] for k, v in fams.items()}
     # its step timing runs ours and the torch trainer's model (native dtypes) alike; on the CPU it records no times
-    steps = policy.step_times(m, sequences(3), PROMPTS, 1, "cpu")
-    assert {k: v["ms_all"] for k, v in steps.items()} == {"unified": [], "torch": []}
+    steps = policy.step_times(m, sequences(3), PROMPTS, 1, "cpu", ["kernel", "vendor"])
+    assert {k: v["ms_all"] for k, v in steps.items()} == {"unified": [], "unified_vendor_matmul_bwd": [], "torch": []}
     for direction in ("fwd", "bwd"):
         assert calls[f"linear.{direction}"] == 2 * 5 + 1
         assert calls[f"attention.{direction}"] == 2
