@@ -19,6 +19,7 @@ tik-evo (bf16 matmuls and attention through cuBLAS and SDPA; norms and softmax i
 
 from __future__ import annotations
 
+import warnings
 from types import ModuleType
 
 import torch
@@ -245,17 +246,21 @@ _GROUPED_MM: dict = {}
 
 def _grouped_mm_trains(device: torch.device) -> bool:
     """Whether torch._grouped_mm runs forward and backward here (a Hopper GPU and a torch that has it), probed
-    once per device."""
+    once per device (grad mode on: the first probe may come from inside a backward)."""
     if device.type != "cuda" or getattr(torch, "_grouped_mm", None) is None:
         return False
+    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
     if device not in _GROUPED_MM:
         try:
-            x = torch.randn((32, 16), device=device, dtype=torch.bfloat16, requires_grad=True)
-            w = torch.randn((2, 16, 16), device=device, dtype=torch.bfloat16, requires_grad=True)
-            offs = torch.tensor([16, 32], device=device, dtype=torch.int32)
-            torch._grouped_mm(x, w.transpose(1, 2), offs=offs).float().sum().backward()
-            _GROUPED_MM[device] = x.grad is not None and w.grad is not None
-        except Exception:  # noqa: BLE001 - unsupported GPU or build: the per-expert loop instead
+            with torch.enable_grad():
+                x = torch.randn((32, 16), device=device, dtype=torch.bfloat16, requires_grad=True)
+                w = torch.randn((2, 16, 16), device=device, dtype=torch.bfloat16, requires_grad=True)
+                offs = torch.tensor([16, 32], device=device, dtype=torch.int32)
+                gx, gw = torch.autograd.grad(torch._grouped_mm(x, w.transpose(1, 2), offs=offs).float().sum(), (x, w))
+            _GROUPED_MM[device] = gx is not None and gw is not None
+        except Exception as e:  # noqa: BLE001 - unsupported GPU or build: the per-expert loop instead
+            warnings.warn(f"torch._grouped_mm does not train on {device} ({e!r:.200}): MoE experts' matmuls run "
+                          "per expert", RuntimeWarning, stacklevel=2)
             _GROUPED_MM[device] = False
     return _GROUPED_MM[device]
 

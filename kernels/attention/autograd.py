@@ -1,8 +1,8 @@
 """Attention for the policy update: a differentiable call whose forward is a kernel file's `prefill`.
 
 The forward values are the kernel's, the bits the rollout's decode agrees with. The backward recomputes the
-attention with torch under autograd and returns its gradients: SDPA, or for a packed batch on a GPU torch's
-varlen flash attention in one call (SDPA per sequence where this torch has none). Backward need not be
+attention with torch under autograd and returns its gradients: SDPA (for a packed batch, per sequence; or, with
+PACKED_BACKWARD "varlen_flash", torch's varlen flash attention in one call on a GPU). Backward need not be
 bit-exact; only the forward log-probs have to equal the rollout's.
 
     impl = load_kernel("attention_kernel.py")     # e.g. from `tik-evo kernel attention --set ... -o ...`
@@ -82,11 +82,18 @@ class _PackedAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
         with torch.enable_grad(), record_function("policy:attention.bwd"):
-            grads = _varlen_grads(q, k, v, ctx.bounds, ctx.sm_scale, grad_out) if _use_varlen(q) else None
+            grads = _varlen_grads(q, k, v, ctx.bounds, ctx.sm_scale, grad_out) \
+                if PACKED_BACKWARD == "varlen_flash" and _use_varlen(q) else None
             if grads is None:
                 grads = _per_sequence_grads(q, k, v, ctx.bounds, ctx.sm_scale, grad_out)
         return (*grads, None, None, None)
 
+
+# The packed backward's recompute and gradients: "sdpa_per_sequence" (SDPA on each sequence's heads-first copies)
+# or "varlen_flash" (torch's varlen flash attention on the packed rows, no copies). On an H100 (torch 2.11, 4 x
+# 2048 tokens, 32/4 heads of 128) SDPA per sequence took 1.57 ms and 183 MB, varlen flash 2.01 ms and 411 MB:
+# results/ops/policy_glue_h100_2026-12-05.json (benchmarks/policy_glue_gpu.py times both).
+PACKED_BACKWARD = "sdpa_per_sequence"
 
 # Whether torch's varlen flash attention ran forward and backward in this process (None: not tried yet). A torch
 # without it, or failing at these shapes, falls back to SDPA per sequence once and for all, with one warning.
@@ -99,7 +106,7 @@ def _use_varlen(q: torch.Tensor) -> bool:
 
 def packed_backward_path(device: str | torch.device) -> str:
     """What the packed attention's backward ran in this process on `device`, for benchmark records."""
-    if torch.device(device).type != "cuda":
+    if torch.device(device).type != "cuda" or PACKED_BACKWARD != "varlen_flash":
         return "sdpa_per_sequence"
     return {True: "varlen_flash", False: "sdpa_per_sequence (varlen failed)", None: "not run"}[_VARLEN["ok"]]
 
@@ -155,8 +162,8 @@ def varlen_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Te
 def attention_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bounds: list[int], impl: ModuleType,
                      sm_scale: float) -> torch.Tensor:
     """Causal attention of packed sequences (rows bounds[b]..bounds[b + 1] of q [T, HQ, D], k/v [T, HKV, D]) ->
-    [T, HQ, D]: one `impl.prefill_packed` launch forward; backward through torch's varlen flash attention on a
-    GPU (SDPA per sequence where that is missing)."""
+    [T, HQ, D]: one `impl.prefill_packed` launch forward; backward as PACKED_BACKWARD says (SDPA per sequence, or
+    torch's varlen flash attention on a GPU with SDPA per sequence where that fails)."""
     if q.dim() != 3 or k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2] \
             or q.shape[1] % k.shape[1] or bounds[0] != 0 or bounds[-1] != q.shape[0]:
         raise ValueError(f"attention_packed: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, bounds "

@@ -513,9 +513,10 @@ def test_autograd_forward_is_the_kernels_and_gradients_match_the_reference(tmp_p
 
 
 def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_back_for_good(monkeypatch):
-    # On a GPU the packed backward recomputes through torch's varlen flash attention in one call; where that
-    # fails it warns once and uses SDPA per sequence from then on. Here a packed SDPA with a block-diagonal
-    # causal mask stands in for the flash kernel (the CPU has none): same gradients as the per-sequence path.
+    # The packed backward recomputes with SDPA per sequence; with PACKED_BACKWARD "varlen_flash" it does so on a
+    # GPU through torch's varlen flash attention in one call, and where that fails it warns once and uses SDPA
+    # per sequence from then on. Here a packed SDPA with a block-diagonal causal mask stands in for the flash
+    # kernel (the CPU has none): same gradients as the per-sequence path.
     from kernels.attention import autograd as ag
 
     impl = load(FAMILY.root_source())
@@ -544,6 +545,10 @@ def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_bac
     assert calls == [] and ag._VARLEN["ok"] is None
     monkeypatch.setattr(ag, "_use_varlen", lambda q: ag._VARLEN["ok"] is not False)
     monkeypatch.setattr(ag, "varlen_flash", packed_sdpa)
+    assert ag.PACKED_BACKWARD == "sdpa_per_sequence"  # the default (measured faster): not the varlen path
+    assert all(torch.equal(a, b) for a, b in zip(grads(), per_sequence)) and calls == []
+    assert ag.packed_backward_path("cuda") == "sdpa_per_sequence"
+    monkeypatch.setattr(ag, "PACKED_BACKWARD", "varlen_flash")
     for ours, ref in zip(grads(), per_sequence):
         assert float((ours.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
     assert calls == [23] and ag._VARLEN["ok"] is True  # one call over the whole batch, the longest sequence 23
