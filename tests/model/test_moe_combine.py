@@ -98,7 +98,7 @@ def test_policy_glue_benchmark_smoke_runs_every_cell(tmp_path):
     out = tmp_path / "glue.json"
     assert bench.main(["--smoke", "--out", str(out)]) == 0
     cells = json.loads(out.read_text())["cells"]
-    assert len(cells) == 10 and all("error" not in c for c in cells.values()), cells
+    assert len(cells) == 11 and all("error" not in c for c in cells.values()), cells  # the CPU has no varlen flash
     assert cells["attention.fwd.packed"]["bits_differing_vs_per_sequence"] == 0
     for name, c in cells.items():
         assert c["ms"] > 0 and all(r < 1e-2 for r in c["rel_l2_vs_fp32"]), (name, c)
