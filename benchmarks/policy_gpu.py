@@ -172,9 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"--smoke: {', '.join(SMOKE)}")
     ap.add_argument("--no-step", action="store_true", help="bits and gradients only (no policy-step timing)")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU under the interpreter")
-    ap.add_argument("--matmul-backward", default="kernel,vendor",
-                    help="comma-separated ways to take the linear layers' gradients, each checked and timed: kernel "
-                         "(the kernel file's backward), vendor (cuBLAS through torch); the first is 'unified'")
+    ap.add_argument("--matmul-backward", default="vendor,kernel",
+                    help="comma-separated ways to take the linear layers' gradients, each checked and timed: vendor "
+                         "(cuBLAS through torch, KernelOps' default), kernel (the kernel file's backward); the first "
+                         "is 'unified'")
     add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
     loaded = impls_from_args(args, FAMILIES)  # before the GPU: a wrong argument is named on any machine

@@ -24,7 +24,7 @@ KNOBS = {
     "SILU_FORM": "div",
     "ROUND_SILU": True,
     "FULL_BLOCK_I": 1024,
-    "FULL_ROWS_PER_PROGRAM": 1,
+    "FULL_ROWS_PER_PROGRAM": 2,
     "FULL_NUM_WARPS": 4,
     "FULL_COLS_FASTEST": True,
     "FULL_STREAMING": False,

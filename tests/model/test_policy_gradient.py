@@ -41,7 +41,7 @@ def test_policy_logprobs_are_training_bits_and_gradients_match_torch(shape, grou
     seqs = sequences(3)
     train = m.training_logprobs(seqs, PROMPTS)
     adv = torch.randn(sum(LENS) - sum(PROMPTS), generator=torch.Generator().manual_seed(5))
-    ours, ref = RecordingRouting(KernelOps(m.k)), RecordingRouting(TorchOps())
+    ours, ref = RecordingRouting(KernelOps(m.k, matmul_backward="kernel")), RecordingRouting(TorchOps())
     lp, g_ours = gradients(m, seqs, adv, ours)
     assert all(torch.equal(a, b.detach()) for a, b in zip(train, lp))  # the trainer's bits, with the graph
     assert m.ops is None and not any(p.requires_grad for p in m.parameters())  # the model is left as it was
@@ -85,7 +85,7 @@ def test_each_call_backpropagates_like_torch():
         "moe_dispatch": ((rnd(7, 48),), (torch.argsort(perm) // 2, perm.view(7, 2))),
     }
     order = {"embedding": lambda d, c: (*c, *d), "linear_grouped": lambda d, c: (*d, *c)}
-    kernels = KernelOps(MoEDecoder(MoEShape(), 0, "cpu").k)
+    kernels = KernelOps(MoEDecoder(MoEShape(), 0, "cpu").k, matmul_backward="kernel")  # every file's own backward
     for name, (diff, const) in cases.items():
         grads = []
         for ops in (kernels, TorchOps()):
@@ -102,8 +102,8 @@ def test_each_call_backpropagates_like_torch():
 
 
 def test_vendor_matmul_backward_gives_torchs_gradients():
-    # KernelOps(matmul_backward="vendor"): the linear layers' gradients through torch's matmuls (the grouped one
-    # falls back to the kernel file's off a Hopper GPU), the forward still the kernel's bits.
+    # KernelOps' default (matmul_backward "vendor"): the linear layers' gradients through torch's matmuls (the
+    # grouped one falls back to the kernel file's off a Hopper GPU), the forward still the kernel's bits.
     g = torch.Generator().manual_seed(2)
     x, w = torch.randn((7, 48), generator=g).to(torch.bfloat16), (torch.randn((20, 48), generator=g) * 0.2).to(
         torch.bfloat16)
@@ -112,7 +112,7 @@ def test_vendor_matmul_backward_gives_torchs_gradients():
     impls = MoEDecoder(MoEShape(), 0, "cpu").k
     for name, diff, const in (("linear", (x, w), ()), ("linear_grouped", (x, ws), (starts,))):
         outs, grads = [], []
-        for ops in (KernelOps(impls, matmul_backward="vendor"), KernelOps(impls), TorchOps()):
+        for ops in (KernelOps(impls), KernelOps(impls, matmul_backward="kernel"), TorchOps()):
             xs = [t.clone().requires_grad_() for t in diff]
             y = getattr(ops, name)(*xs, *const)
             y.float().sum().backward()
@@ -138,8 +138,8 @@ def test_a_policy_step_profile_splits_by_family_and_direction():
     fams = policy.breakdown(m, sequences(3), PROMPTS, "cpu", "kernel")["families"]
     calls = {k: v["calls"] for k, v in fams.items()}
     # its step timing runs ours and the torch trainer's model (native dtypes) alike; on the CPU it records no times
-    steps = policy.step_times(m, sequences(3), PROMPTS, 1, "cpu", ["kernel", "vendor"])
-    assert {k: v["ms_all"] for k, v in steps.items()} == {"unified": [], "unified_vendor_matmul_bwd": [], "torch": []}
+    steps = policy.step_times(m, sequences(3), PROMPTS, 1, "cpu", ["vendor", "kernel"])
+    assert {k: v["ms_all"] for k, v in steps.items()} == {"unified": [], "unified_kernel_matmul_bwd": [], "torch": []}
     for direction in ("fwd", "bwd"):
         assert calls[f"linear.{direction}"] == 2 * 5 + 1
         assert calls[f"attention.{direction}"] == 2
