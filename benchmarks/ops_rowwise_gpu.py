@@ -7,6 +7,8 @@ rope is timed several ways: `root_us` looks each token's cos/sin row up in the t
 times it); on rotated sets like the peers, `root_table_us` the same lookup, `root_rows_us` rows pre-gathered
 outside the timed region as Liger's cos/sin are (a model gathers them once per step for all layers) and
 `root_inplace_us` those rows rotated in place (q_out = q); `rows_bitwise` says rows and table gave the same bits.
+silu_mul's root reads the two halves of a fused gate_up output (the engine's bench); `root_separate_us` times it
+on two separate tensors, the inputs Liger's SwiGLU is given.
 
     PYTHONPATH=$PWD python3 benchmarks/ops_rowwise_gpu.py [--families a,b] [--out DIR] [--all-workloads]
 
@@ -384,6 +386,10 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
         out["torch"] = lambda: F.silu(a) * b
         if liger:
             out["liger"] = lambda: liger["swiglu"](a, b)
+        if impl is not None:  # ours on Liger's inputs: two separate contiguous tensors, not a fused gate_up's halves
+            y = torch.empty((T, inter), dtype=torch.bfloat16, device=DEVICE)
+            fn = impl.silu_mul_full if full else impl.silu_mul_decode
+            out["root_separate"] = lambda: fn(a, b, y)
     elif family == "kv_append":
         hk, d, page = workload["kv_heads"], workload["head_dim"], workload["page_size"]
         n_slots = T * 2 + page
@@ -404,7 +410,7 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
     return out
 
 
-OURS_AS_PEERS = ("root_rows", "root_table", "root_inplace")  # our kernel's other forms, timed like the peers
+OURS_AS_PEERS = ("root_rows", "root_table", "root_inplace", "root_separate")  # our kernel's other forms, timed like the peers
 
 
 def rope_table(fam_mod, workload, pos):
@@ -638,6 +644,7 @@ def print_table(result: dict) -> None:
             extra_line(w, "root_table", "  table, rotated sets", eager=False, ok=None)
             extra_line(w, "root_inplace", "  rows, in place", eager=False, ok=None)
             extra_line(w, "root_rows", "  + pre-gathered rows", eager=True, ok=w.get("rows_bitwise"))
+            extra_line(w, "root_separate", "  separate gate, up", eager=True, ok=None)
             for label in r.get("extras", {}):
                 extra_impl_line(w, label, cp)
         print(f"{'':<12}bitwise/reference checks on {DEVICE}: {cons['checks'] - len(cons['failed'])}/{cons['checks']} "
