@@ -145,3 +145,11 @@ def test_a_policy_step_profile_splits_by_family_and_direction():
         assert calls[f"attention.{direction}"] == 2
         assert calls[f"logprob.{direction}"] == calls[f"embedding.{direction}"] == 1
         assert calls[f"add_rmsnorm.{direction}"] == 2 * 2
+
+
+def test_policy_benchmark_names_a_wrong_matmul_backward(capsys):
+    from tik_evo.candidate import load_module
+
+    policy = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "policy_gpu.py", "policy_bench")
+    assert policy.main(["--smoke", "--matmul-backward", "vendor,cublas", "--out", "/dev/null"]) == 2
+    assert "--matmul-backward 'vendor,cublas'" in capsys.readouterr().out
