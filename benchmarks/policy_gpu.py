@@ -38,6 +38,7 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels.attention import autograd as attention_autograd  # noqa: E402
 from kernels.attention.autograd import packed_backward_path  # noqa: E402
 from kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
 from kernels.files import add_arguments, impls_from_args  # noqa: E402
@@ -176,8 +177,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated ways to take the linear layers' gradients, each checked and timed: vendor "
                          "(cuBLAS through torch, KernelOps' default), kernel (the kernel file's backward); the first "
                          "is 'unified'")
+    ap.add_argument("--attention-backward", choices=("sdpa_per_sequence", "varlen_flash"),
+                    default=attention_autograd.PACKED_BACKWARD,
+                    help="the packed attention's backward (kernels/attention/autograd.py PACKED_BACKWARD)")
     add_arguments(ap, "used in the model instead of the family's root")
     args = ap.parse_args(argv)
+    attention_autograd.PACKED_BACKWARD = args.attention_backward
     loaded = impls_from_args(args, FAMILIES)  # before the GPU: a wrong argument is named on any machine
     if loaded is None:
         return 2
