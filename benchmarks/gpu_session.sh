@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | policy_glue | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -118,6 +118,12 @@ while [ $# -gt 0 ]; do
         --out "$OUT/concurrent_audits_$(basename "$c" .yaml).json" 2>&1 | tail -20 ;;
     policy)  # the policy update: bits vs training and rollout, gradients vs fp32 torch, step time vs the torch trainer
       timeout 500 python3 benchmarks/policy_gpu.py ${POLICY_ARGS:-} --out "$OUT/policy.json" 2>&1 | tail -20 ;;
+    policy_attention_ab)  # the policy step (MoE model) with the packed attention's backward each way, on one card
+      for ab in sdpa_per_sequence varlen_flash; do
+        timeout 240 python3 benchmarks/policy_gpu.py --configs qwen3-30b-a3b.moe --matmul-backward vendor \
+          --attention-backward $ab --reps ${POLICY_REPS:-7} --out "$OUT/policy_attention_$ab.json" 2>&1 \
+          | grep "policy step\|kernel time" | cut -c1-600
+      done ;;
     policy_glue)  # the policy step's glue kernels (MoE combine, dispatch, embedding backward, packed attention) vs the torch they replaced
       timeout 200 python3 benchmarks/policy_glue_gpu.py --out "$OUT/policy_glue.json" 2>&1 | tail -12 ;;
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots
