@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -55,28 +56,44 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+# What `run` returns for a job the executor was closed on (before or while it ran): killed, not timed out.
+CLOSED = (-signal.SIGKILL, False)
+
+
 class SpawnExecutor:
     def __init__(self, env: dict[str, str]):
         self.env = env
         self.running: set[int] = set()  # worker pids, killed by close()
+        self.closed = False  # once closed, no job starts: a run's audit thread may still be on its way to one
+        self._lock = threading.Lock()
 
     def run(self, job_path: Path, log_path: Path, timeout: float) -> tuple[int, bool]:
+        if self.closed:
+            return CLOSED
         # The worker calls die_with_parent() itself: it is the parent's direct child.
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "tik_evo.worker", str(job_path)], env=self.env,
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, cwd=str(job_path.parent))
-            self.running.add(proc.pid)
+            with self._lock:
+                self.running.add(proc.pid)
+                closed = self.closed
+            if closed:  # close() came while the worker was starting, before it could see the pid
+                _kill_group(proc.pid)
             try:
                 return proc.wait(timeout=timeout), False
             except subprocess.TimeoutExpired:
                 _kill_group(proc.pid)
                 return proc.wait(), True
             finally:
-                self.running.discard(proc.pid)
+                with self._lock:
+                    self.running.discard(proc.pid)
 
     def close(self) -> None:
-        for pid in list(self.running):
+        with self._lock:
+            self.closed = True
+            pids = list(self.running)
+        for pid in pids:
             _kill_group(pid)
 
 
@@ -86,17 +103,24 @@ class ForkServerExecutor:
     def __init__(self, env: dict[str, str]):
         self.env = env
         self.proc: subprocess.Popen | None = None
+        self.closed = False  # once closed, no server starts again (a closed server's job returns CLOSED)
+        self._lock = threading.Lock()
 
-    def _start(self) -> subprocess.Popen:
-        if self.proc is None or self.proc.poll() is not None:
-            self.proc = subprocess.Popen([sys.executable, "-m", "tik_evo.forkserver"], env=self.env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                         start_new_session=True, bufsize=0)
-        return self.proc
+    def _start(self) -> subprocess.Popen | None:
+        with self._lock:
+            if self.closed:
+                return None
+            if self.proc is None or self.proc.poll() is not None:
+                self.proc = subprocess.Popen([sys.executable, "-m", "tik_evo.forkserver"], env=self.env,
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0)
+            return self.proc
 
-    def _readline(self, deadline: float) -> str | None:
-        assert self.proc and self.proc.stdout
-        fd = self.proc.stdout.fileno()
+    @staticmethod
+    def _readline(proc: subprocess.Popen, deadline: float) -> str | None:
+        """The server's next line; None past the deadline, "" once the server is gone."""
+        assert proc.stdout
+        fd = proc.stdout.fileno()
         buf = b""
         while not buf.endswith(b"\n"):
             left = deadline - time.time()
@@ -110,29 +134,45 @@ class ForkServerExecutor:
 
     def run(self, job_path: Path, log_path: Path, timeout: float) -> tuple[int, bool]:
         proc = self._start()
+        if proc is None:
+            return CLOSED
         assert proc.stdin
-        proc.stdin.write(f"{job_path}\t{log_path}\n".encode())
+        try:
+            proc.stdin.write(f"{job_path}\t{log_path}\n".encode())
+        except (BrokenPipeError, ValueError):  # closed (or dead) between the start and the write
+            if self.closed:
+                return CLOSED
+            raise
         deadline = time.time() + timeout
-        first = self._readline(time.time() + 60)
+        first = self._readline(proc, time.time() + 60)
+        if self.closed:
+            return CLOSED
         if not first or not first.startswith("pid "):
-            self.close()
+            self._stop()
             return SpawnExecutor(self.env).run(job_path, log_path, timeout)  # server broken: fall back
         pid = int(first.split()[1])
-        line = self._readline(deadline)
+        line = self._readline(proc, deadline)
         if line is None:
             _kill_group(pid)
-            self._readline(time.time() + 30)  # the server reaps the child and reports its exit
+            self._readline(proc, time.time() + 30)  # the server reaps the child and reports its exit
             return -signal.SIGKILL, True
         if not line:
-            self.close()
+            self._stop()
             return -signal.SIGKILL, False
         return int(line.split()[2]), False
 
+    def _stop(self) -> None:
+        """Kill the server (its forked children die with it: they asked for SIGKILL at their parent's death)."""
+        with self._lock:
+            proc, self.proc = self.proc, None
+        if proc is not None:
+            _kill_group(proc.pid)
+            proc.wait()
+
     def close(self) -> None:
-        if self.proc is not None:
-            _kill_group(self.proc.pid)
-            self.proc.wait()
-            self.proc = None
+        with self._lock:
+            self.closed = True
+        self._stop()
 
 
 EXECUTORS = {"spawn": SpawnExecutor, "forkserver": ForkServerExecutor}

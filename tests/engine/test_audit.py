@@ -307,3 +307,35 @@ def test_audit_slots():
     assert audit_slots(NS(gpus=[2], gpu_index=0, parallel=1), "cuda") == [2]  # one GPU listed: the search's too
     assert audit_slots(NS(gpus=[3, 1], gpu_index=0, parallel=4), "cuda") == [3, 1]
     assert audit_slots(NS(gpus=[3, 1], gpu_index=0, parallel=3), "cpu") == [0, 0, 0]
+
+
+def test_a_close_while_a_worker_starts_still_stops_it(tmp_path, monkeypatch):
+    """The race behind an interrupted run's audits: close() lands after the worker process exists but before
+    the executor knew its pid. The executor must still kill it, and start nothing once closed."""
+    import signal
+    import subprocess
+    import sys
+
+    from tik_evo import executor as ex_mod
+
+    real_popen = subprocess.Popen
+    ex = ex_mod.SpawnExecutor({})
+
+    def popen_then_close(*args, **kwargs):  # a worker that would sleep out the timeout, closed as it starts
+        proc = real_popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+        ex.close()
+        return proc
+
+    monkeypatch.setattr(ex_mod.subprocess, "Popen", popen_then_close)
+    t0 = time.time()
+    assert ex.run(tmp_path / "job.json", tmp_path / "worker.log", timeout=300) == (-signal.SIGKILL, False)
+    assert time.time() - t0 < 30 and not ex.running
+
+    def no_popen(*args, **kwargs):
+        raise AssertionError("a closed executor started a process")
+
+    monkeypatch.setattr(ex_mod.subprocess, "Popen", no_popen)
+    assert ex.run(tmp_path / "job.json", tmp_path / "worker.log", timeout=300) == ex_mod.CLOSED
+    server = ex_mod.ForkServerExecutor({})
+    server.close()
+    assert server.run(tmp_path / "job.json", tmp_path / "worker.log", timeout=300) == ex_mod.CLOSED
