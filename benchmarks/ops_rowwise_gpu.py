@@ -410,7 +410,8 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
     return out
 
 
-OURS_AS_PEERS = ("root_rows", "root_table", "root_inplace", "root_separate")  # our kernel's other forms, timed like the peers
+# our kernel's other forms, timed like the peers
+OURS_AS_PEERS = ("root_rows", "root_table", "root_inplace", "root_separate")
 
 
 def rope_table(fam_mod, workload, pos):
