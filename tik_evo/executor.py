@@ -105,6 +105,7 @@ class ForkServerExecutor:
         self.proc: subprocess.Popen | None = None
         self.closed = False  # once closed, no server starts again (a closed server's job returns CLOSED)
         self._lock = threading.Lock()
+        self._fallback = SpawnExecutor(env)  # runs a job the server failed to start; close() reaches it too
 
     def _start(self) -> subprocess.Popen | None:
         with self._lock:
@@ -149,7 +150,7 @@ class ForkServerExecutor:
             return CLOSED
         if not first or not first.startswith("pid "):
             self._stop()
-            return SpawnExecutor(self.env).run(job_path, log_path, timeout)  # server broken: fall back
+            return self._fallback.run(job_path, log_path, timeout)  # server broken: fall back
         pid = int(first.split()[1])
         line = self._readline(proc, deadline)
         if line is None:
@@ -172,6 +173,7 @@ class ForkServerExecutor:
     def close(self) -> None:
         with self._lock:
             self.closed = True
+        self._fallback.close()
         self._stop()
 
 

@@ -339,3 +339,35 @@ def test_a_close_while_a_worker_starts_still_stops_it(tmp_path, monkeypatch):
     server = ex_mod.ForkServerExecutor({})
     server.close()
     assert server.run(tmp_path / "job.json", tmp_path / "worker.log", timeout=300) == ex_mod.CLOSED
+
+
+def test_close_reaches_a_job_the_fork_server_handed_to_its_fallback(tmp_path, monkeypatch):
+    """A server that answers garbage sends its job to a spawned worker; closing the executor must stop that
+    worker now, not at the job's timeout."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    from tik_evo import executor as ex_mod
+
+    real_popen = subprocess.Popen
+    server = ex_mod.ForkServerExecutor({})
+    broken = real_popen([sys.executable, "-c", "print('not a pid line')"], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, bufsize=0)
+    monkeypatch.setattr(server, "_start", lambda: broken)
+    monkeypatch.setattr(ex_mod.subprocess, "Popen", lambda *a, **k: real_popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True))
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(
+        out=server.run(tmp_path / "job.json", tmp_path / "worker.log", timeout=300)))
+    thread.start()
+    deadline = time.time() + 60
+    while not server._fallback.running and time.time() < deadline:
+        time.sleep(0.05)
+    assert server._fallback.running, "the job never reached the fallback worker"
+    t0 = time.time()
+    server.close()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and time.time() - t0 < 30
+    assert result["out"] == (-signal.SIGKILL, False)
