@@ -387,7 +387,10 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
         if liger:
             out["liger"] = lambda: liger["swiglu"](a, b)
         if impl is not None:  # ours on Liger's inputs: two separate contiguous tensors, not a fused gate_up's halves
-            y = torch.empty((T, inter), dtype=torch.bfloat16, device=DEVICE)
+            # one output for every input set, as the root's bench writes and as Liger's allocation comes back
+            if (T, inter) not in SHARED_OUT:
+                SHARED_OUT[(T, inter)] = torch.empty((T, inter), dtype=torch.bfloat16, device=DEVICE)
+            y = SHARED_OUT[(T, inter)]
             fn = impl.silu_mul_full if full else impl.silu_mul_decode
             out["root_separate"] = lambda: fn(a, b, y)
     elif family == "kv_append":
@@ -409,6 +412,9 @@ def peer_set(family: str, workload: dict, liger, fam_mod, seed: int, impl=None) 
         out["torch"] = lambda: F.embedding(ids, w)
     return out
 
+
+# silu_mul's root_separate: one output tensor per shape, shared by the input sets
+SHARED_OUT: dict[tuple[int, int], torch.Tensor] = {}
 
 # our kernel's other forms, timed like the peers
 OURS_AS_PEERS = ("root_rows", "root_table", "root_inplace", "root_separate")
@@ -547,6 +553,7 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
         except Exception as e:  # noqa: BLE001
             row["error"] = traceback.format_exc()[-1500:]
             print(f"{family} {w['name']}: {e!r}")
+        SHARED_OUT.clear()
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
