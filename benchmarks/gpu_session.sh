@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -124,6 +124,8 @@ while [ $# -gt 0 ]; do
           --attention-backward $ab --reps ${POLICY_REPS:-7} --out "$OUT/policy_attention_$ab.json" 2>&1 \
           | grep "policy step\|kernel time" | cut -c1-600
       done ;;
+    norm_backward)  # RMSNorm's backward kernel: its schedules at the policy step's shapes against a copy
+      timeout 300 python3 benchmarks/norm_backward_gpu.py --out "$OUT/norm_backward.json" 2>&1 | tail -8 ;;
     policy_glue)  # the policy step's glue kernels (MoE combine, dispatch, embedding backward, packed attention) vs the torch they replaced
       timeout 200 python3 benchmarks/policy_glue_gpu.py --out "$OUT/policy_glue.json" 2>&1 | tail -12 ;;
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots

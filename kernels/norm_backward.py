@@ -16,37 +16,83 @@ import triton.language as tl
 
 from tik_evo.launch import cdiv, fast, pow2
 
-TILE = 4096  # elements of one tile: rows of a narrow width share it
+# Schedule choices (none changes what is computed beyond fp32 summation order): TILE elements per step (rows of a
+# narrow width share it); PREFETCH loads a program's next tile before working on the current one, so a program
+# keeps a tile's loads in flight through its row reductions; DW_IN_TILE keeps dw's partial sums per tile
+# position and reduces over rows once at the end, instead of a reduction across warps every step (QK norm's
+# 128-wide heads: 32 rows a tile); PROGRAMS_PER_SM sizes the persistent grid (programs past what fits on an SM at
+# once wait for a whole program to finish); NUM_WARPS 0 takes 4 warps up to 2048 elements a tile, else 8.
+# benchmarks/norm_backward_gpu.py times them against each other.
+KNOBS = {"TILE": 4096, "PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0}
+
+
+@triton.jit
+def _tile(first, n_rows, H, cols, cmask, ROWS: tl.constexpr):
+    """(offsets, mask) of the ROWS rows from `first`."""
+    rows = first + tl.arange(0, ROWS)
+    return rows.to(tl.int64)[:, None] * H + cols[None, :], (rows[:, None] < n_rows) & cmask[None, :]
+
+
+@triton.jit
+def _load_rows(x_ptr, dy_ptr, dres_ptr, first, n_rows, H, cols, cmask, ROWS: tl.constexpr, HAS_RES: tl.constexpr):
+    """x, dy and (with HAS_RES) the residual output's gradient of one tile, as stored (bf16)."""
+    offs, mask = _tile(first, n_rows, H, cols, cmask, ROWS)
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    dy = tl.load(dy_ptr + offs, mask=mask, other=0.0)
+    if HAS_RES:
+        dres = tl.load(dres_ptr + offs, mask=mask, other=0.0)
+    else:
+        dres = dy
+    return x, dy, dres
 
 
 @triton.jit
 def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, dres_ptr, dx_ptr, ws_ptr, n_rows, H, eps,
-                    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr):
+                    ROWS: tl.constexpr, BLOCK_H: tl.constexpr, HAS_RES: tl.constexpr, PREFETCH: tl.constexpr,
+                    DW_IN_TILE: tl.constexpr):
     cols = tl.arange(0, BLOCK_H)
     cmask = cols < H
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for first in range(tl.program_id(0) * ROWS, n_rows, tl.num_programs(0) * ROWS):
-        rows = first + tl.arange(0, ROWS)
-        mask = (rows[:, None] < n_rows) & cmask[None, :]
-        offs = rows.to(tl.int64)[:, None] * H + cols[None, :]
-        x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    step = tl.num_programs(0) * ROWS
+    start = tl.program_id(0) * ROWS
+    if DW_IN_TILE:
+        dw = tl.zeros([ROWS, BLOCK_H], dtype=tl.float32)
+    else:
+        dw = tl.zeros([BLOCK_H], dtype=tl.float32)
+    if PREFETCH:
+        x_n, dy_n, dres_n = _load_rows(x_ptr, dy_ptr, dres_ptr, start, n_rows, H, cols, cmask, ROWS, HAS_RES)
+    for first in range(start, n_rows, step):
+        if PREFETCH:  # this tile was loaded a step ago; load the next one (masked off past the end) now
+            x, dy, dres = x_n, dy_n, dres_n
+            x_n, dy_n, dres_n = _load_rows(x_ptr, dy_ptr, dres_ptr, first + step, n_rows, H, cols, cmask, ROWS,
+                                           HAS_RES)
+        else:
+            x, dy, dres = _load_rows(x_ptr, dy_ptr, dres_ptr, first, n_rows, H, cols, cmask, ROWS, HAS_RES)
+        x = x.to(tl.float32)
+        dy = dy.to(tl.float32)
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / H + eps)
         xhat = x * rstd[:, None]
         gxhat = dy * w[None, :]
         dx = rstd[:, None] * (gxhat - xhat * (tl.sum(gxhat * xhat, axis=1) / H)[:, None])
         if HAS_RES:  # add + RMSNorm: the gradient arriving on the sum's own output joins
-            dx += tl.load(dres_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            dx += dres.to(tl.float32)
+        offs, mask = _tile(first, n_rows, H, cols, cmask, ROWS)
         tl.store(dx_ptr + offs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-        dw += tl.sum(dy * xhat, axis=0)
-    tl.store(ws_ptr + tl.program_id(0).to(tl.int64) * H + cols, dw, mask=cmask)
+        if DW_IN_TILE:
+            dw += dy * xhat
+        else:
+            dw += tl.sum(dy * xhat, axis=0)
+    if DW_IN_TILE:
+        dw_row = tl.sum(dw, axis=0)
+    else:
+        dw_row = dw
+    tl.store(ws_ptr + tl.program_id(0).to(tl.int64) * H + cols, dw_row, mask=cmask)
 
 
 def _programs(device: torch.device, tiles: int) -> int:
     if device.type != "cuda":
         return min(tiles, 4)  # the interpreter: several programs' worth of rows each
-    return min(tiles, 4 * torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(tiles, KNOBS["PROGRAMS_PER_SM"] * torch.cuda.get_device_properties(device).multi_processor_count)
 
 
 def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, eps: float,
@@ -61,9 +107,11 @@ def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, 
     if n_rows == 0:
         return dx.view(x.shape), torch.zeros_like(weight)
     block = pow2(H)
-    rows = max(1, TILE // block)
+    rows = max(1, KNOBS["TILE"] // block)
     programs = _programs(x.device, cdiv(n_rows, rows))
     ws = torch.empty((programs, H), dtype=torch.float32, device=x.device)
     fast(_rms_bwd_kernel)[(programs,)](x2, weight, dy2, dres, dx, ws, n_rows, H, eps, ROWS=rows, BLOCK_H=block,
-                                       HAS_RES=grad_res is not None, num_warps=4 if block * rows <= 2048 else 8)
+                                       HAS_RES=grad_res is not None, PREFETCH=KNOBS["PREFETCH"],
+                                       DW_IN_TILE=KNOBS["DW_IN_TILE"],
+                                       num_warps=KNOBS["NUM_WARPS"] or (4 if block * rows <= 2048 else 8))
     return dx.view(x.shape), ws.sum(0).to(weight.dtype)

@@ -4,12 +4,22 @@ narrow rows several to a tile (QK norm's heads), wide rows one to a tile, rows n
 import pytest
 import torch
 
+from kernels import norm_backward
 from kernels.norm_backward import rms_backward
 from tik_evo import checks
 
 
+@pytest.fixture(params=[{"PREFETCH": True, "DW_IN_TILE": True}, {"PREFETCH": False, "DW_IN_TILE": False},
+                        {"PREFETCH": True, "DW_IN_TILE": False, "NUM_WARPS": 2}],
+                ids=["prefetch+dw_in_tile", "plain", "prefetch+2warps"])
+def schedule(request, monkeypatch):
+    """The kernel's schedule knobs: none may change more than fp32 summation order. On the CPU a launch has at
+    most 4 programs, so the shapes below take several steps per program (the prefetch's loop)."""
+    monkeypatch.setattr(norm_backward, "KNOBS", {**norm_backward.KNOBS, **request.param})
+
+
 @pytest.mark.parametrize("shape", [(37, 4, 128), (29, 1000), (3, 5000), (0, 64)])
-def test_rms_backward_matches_fp64_autograd(shape):
+def test_rms_backward_matches_fp64_autograd(shape, schedule):
     g = checks.generator(sum(shape))
     x = checks.randn(shape, g, torch.bfloat16, "cpu", scale=2.0)
     w = checks.randn(shape[-1:], g, torch.bfloat16, "cpu", scale=0.5) + 1.0
@@ -26,7 +36,7 @@ def test_rms_backward_matches_fp64_autograd(shape):
     assert checks.reference("dw", gw, wd.grad, tol=1.6e-2).passed
 
 
-def test_rms_backward_adds_the_residual_outputs_gradient():
+def test_rms_backward_adds_the_residual_outputs_gradient(schedule):
     # add + RMSNorm: h = x + r feeds the norm and is an output itself; grad_x of h is the norm's plus grad_res.
     g = checks.generator(11)
     h = checks.randn((21, 300), g, torch.bfloat16, "cpu")
@@ -41,6 +51,29 @@ def test_rms_backward_adds_the_residual_outputs_gradient():
     assert not checks.reference("dh without grad_res", without, hd.grad, tol=1.6e-2).passed
 
 
+def test_norm_backward_benchmark_smoke_runs_every_schedule(tmp_path):
+    # benchmarks/norm_backward_gpu.py on tiny shapes under the interpreter: every schedule ran on every shape and
+    # agrees with the first schedule and with fp64 (speed under the interpreter means nothing); the module's knobs
+    # are restored afterwards.
+    import json
+    from pathlib import Path
+
+    from tik_evo.candidate import load_module
+
+    before = dict(norm_backward.KNOBS)
+    bench = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "norm_backward_gpu.py", "nb_bench")
+    out = tmp_path / "nb.json"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    assert before == norm_backward.KNOBS
+    shapes = json.loads(out.read_text())["shapes"]
+    assert len(shapes) == 3 and shapes[0]["schedules"][0]["dx_rel_l2_vs_fp64"] < 1e-2
+    for row in shapes:
+        assert len(row["schedules"]) == 2 and row["best"] is not None, row
+        for e in row["schedules"]:
+            assert "error" not in e and e["us"] > 0, e
+            assert e["dx_rel_l2_vs_first"] < 1e-2 and e["dw_rel_l2_vs_first"] < 1e-4, e
+
+
 COMPILE = """
 import json, sys
 sys.path.insert(0, ".")
@@ -50,8 +83,9 @@ from kernels.norm_backward import _rms_bwd_kernel
 from kernels.silu_mul.root import _silu_mul_bwd_kernel
 p = {"x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "dres_ptr": "*bf16", "dx_ptr": "*bf16", "ws_ptr": "*fp32"}
 sig = {**p, "n_rows": "i32", "H": "i32", "eps": "fp32"}
-out = {f"rms{b}x{r}": compile_sm90(_rms_bwd_kernel, sig, {"ROWS": r, "BLOCK_H": b, "HAS_RES": True}, w, 3, set(p))
-       for b, r, w in ((128, 32, 8), (4096, 1, 8))}
+out = {f"rms{b}x{r}{'p' if pf else ''}": compile_sm90(
+    _rms_bwd_kernel, sig, {"ROWS": r, "BLOCK_H": b, "HAS_RES": res, "PREFETCH": pf, "DW_IN_TILE": pf}, w, 3,
+    set(p) | {"H"}) for b, r, w, res in ((128, 32, 8, False), (4096, 1, 8, True)) for pf in (False, True)}
 sig = {"g_ptr": "*bf16", "u_ptr": "*bf16", "dy_ptr": "*bf16", "dg_ptr": "*bf16", "du_ptr": "*bf16", "I": "i32",
        "g_stride": "i32", "u_stride": "i32"}
 out["silu"] = compile_sm90(_silu_mul_bwd_kernel, sig, {"BLOCK_I": 1024}, 4, 3, set(sig))
@@ -72,8 +106,8 @@ print(json.dumps(out))
 
 def test_policy_backward_kernels_compile_for_hopper_without_spills(offline):
     # No GPU in CI: the norm, SiLU-and-mul and embedding backward kernels and the MoE combine's compiled offline
-    # for sm_90a (QK norm's 128-wide heads 32 rows to a tile, a 2560-wide hidden row alone; top 8 of a 2048-wide
-    # hidden row): they must build, and not spill.
+    # for sm_90a (QK norm's 128-wide heads 32 rows to a tile, a 2560-wide add + norm row alone, each with and
+    # without the prefetch; top 8 of a 2048-wide hidden row): they must build, and not spill.
     import json
 
     reports = json.loads(offline("-c", COMPILE))
