@@ -23,7 +23,7 @@ from tik_evo.launch import cdiv, fast, pow2
 # 128-wide heads: 32 rows a tile); PROGRAMS_PER_SM sizes the persistent grid (programs past what fits on an SM at
 # once wait for a whole program to finish); NUM_WARPS 0 takes 4 warps up to 2048 elements a tile, else 8.
 # benchmarks/norm_backward_gpu.py times them against each other.
-KNOBS = {"TILE": 4096, "PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0}
+KNOBS = {"TILE": 4096, "PREFETCH": False, "DW_IN_TILE": False, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0}
 
 
 @triton.jit
