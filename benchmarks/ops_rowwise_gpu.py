@@ -103,16 +103,14 @@ GPU_CASES = {
 
 # Knob sweep (--sweep): path-knob variants of each root timed on a few workloads, peers timed alongside.
 SWEEP = {
-    # silu_mul (root: 1024-wide column blocks of 4 warps; rowwise_sweep_2026-12-03b.json tried orders and hints):
-    # launch shapes by the waves they take. Decode B256 x 9728 launches 2560 programs x 4 warps = 10240 warps,
-    # 1.2 waves of an H100/H200 (64 warps per SM); Liger runs one 32-warp program per row (one wave). T4096 x 768
-    # launches 4096 programs (2 waves) with a quarter of each 1024-wide block masked off.
-    "silu_mul": (("qwen3-4b.decode.B256", "qwen3-30b-a3b.full.T4096", "llama-3.1-8b.full.T32768"), [
-        {}, {"DECODE_BLOCK_I": 2048}, {"DECODE_BLOCK_I": 2048, "DECODE_NUM_WARPS": 8},
-        {"DECODE_BLOCK_I": 4096, "DECODE_NUM_WARPS": 8}, {"DECODE_BLOCK_I": 4096, "DECODE_NUM_WARPS": 16},
-        {"DECODE_BLOCK_I": 16384, "DECODE_NUM_WARPS": 32}, {"DECODE_BLOCK_I": 512, "DECODE_NUM_WARPS": 2},
-        {"FULL_ROWS_PER_PROGRAM": 2}, {"FULL_ROWS_PER_PROGRAM": 4}, {"FULL_BLOCK_I": 256, "FULL_NUM_WARPS": 2},
-        {"FULL_BLOCK_I": 2048, "FULL_NUM_WARPS": 8}, {}]),
+    # silu_mul (root: 1024-wide column blocks of 4 warps): decode launch shapes, Liger's one 32-warp program per
+    # row included, all ran the same at B256 (rowwise_sweep_silu_waves_h100_2026-12-05.json); evict-first hints
+    # read 2% faster there on 2026-12-03 when set for both paths (and cost 6% at 32K tokens in the full path), so
+    # here in the decode path alone, alternated with the root.
+    "silu_mul": (("qwen3-4b.decode.B256", "qwen3-4b.decode.B1"), [
+        {}, {"DECODE_STREAMING": True}, {"DECODE_STREAMING": True, "DECODE_COLS_FASTEST": True}, {},
+        {"DECODE_STREAMING": True}, {"DECODE_STREAMING": True, "DECODE_BLOCK_I": 2048, "DECODE_NUM_WARPS": 8}, {},
+        {"DECODE_STREAMING": True}]),
     # rope (root: early loads, 2 decode warps, auto head split; measured in rowwise_sweep2_2026-12-02.json against
     # the serial root, the split and in-kernel cos/sin): decode warps and tokens per program around the new root.
     "rope": (("qwen3-4b.decode.B1", "qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [
