@@ -42,9 +42,11 @@ SHAPES = {
 SMOKE_SHAPES = {"qk": (37, 128, False), "add+norm": (9, 300, True), "norm": (5, 1000, False)}
 
 BEFORE = {"PREFETCH": False, "DW_IN_TILE": False, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0}  # the kernel until now
+# PROGRAMS_PER_SM 0: as many as the SMs hold at once (from the compiled kernel's registers)
 SCHEDULES = [BEFORE] + [{"PREFETCH": pf, "DW_IN_TILE": True, "PROGRAMS_PER_SM": p, "NUM_WARPS": w}
-                        for pf in (False, True) for p in (2, 4, 8) for w in (0, 4, 16)]
-SMOKE_SCHEDULES = [BEFORE, {"PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 2, "NUM_WARPS": 4}]
+                        for pf in (False, True) for p in (0, 2, 4, 8) for w in (0, 4)] + [
+    {"PREFETCH": pf, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 16} for pf in (False, True)]
+SMOKE_SCHEDULES = [BEFORE, {"PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 4}]
 
 
 def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:

@@ -21,7 +21,8 @@ from tik_evo.launch import cdiv, fast, pow2
 # keeps a tile's loads in flight through its row reductions; DW_IN_TILE keeps dw's partial sums per tile
 # position and reduces over rows once at the end, instead of a reduction across warps every step (QK norm's
 # 128-wide heads: 32 rows a tile); PROGRAMS_PER_SM sizes the persistent grid (programs past what fits on an SM at
-# once wait for a whole program to finish); NUM_WARPS 0 takes 4 warps up to 2048 elements a tile, else 8.
+# once wait for a whole program to finish; 0: as many as fit, from the compiled kernel's registers); NUM_WARPS 0
+# takes 4 warps up to 2048 elements a tile, else 8.
 # benchmarks/norm_backward_gpu.py times them against each other.
 KNOBS = {"TILE": 4096, "PREFETCH": False, "DW_IN_TILE": False, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0}
 
@@ -89,10 +90,38 @@ def _rms_bwd_kernel(x_ptr, w_ptr, dy_ptr, dres_ptr, dx_ptr, ws_ptr, n_rows, H, e
     tl.store(ws_ptr + tl.program_id(0).to(tl.int64) * H + cols, dw_row, mask=cmask)
 
 
-def _programs(device: torch.device, tiles: int) -> int:
+def resident_programs(n_regs: int, shared: int, warps: int, regs_per_sm: int = 65536,
+                      shared_per_sm: int = 232448, warps_per_sm: int = 64, blocks_per_sm: int = 32) -> int:
+    """How many programs of a compiled kernel an SM holds at once (registers, shared memory, warps, blocks); at
+    least one. Registers are allocated per warp in units of 256."""
+    regs_per_warp = -(-max(n_regs, 1) * 32 // 256) * 256
+    fits = [regs_per_sm // (regs_per_warp * warps), warps_per_sm // warps, blocks_per_sm]
+    if shared:
+        fits.append(shared_per_sm // shared)
+    return max(1, min(fits))
+
+
+_RESIDENT: dict[tuple, int] = {}  # (device, launch constants) -> programs an SM holds
+
+
+def _programs(device: torch.device, tiles: int, warmup_args, consts: dict) -> int:
+    """The persistent grid: PROGRAMS_PER_SM per SM, or with 0 as many as the SMs hold at once (read from the
+    compiled kernel), so no program waits for another to finish its whole walk."""
     if device.type != "cuda":
         return min(tiles, 4)  # the interpreter: several programs' worth of rows each
-    return min(tiles, KNOBS["PROGRAMS_PER_SM"] * torch.cuda.get_device_properties(device).multi_processor_count)
+    props = torch.cuda.get_device_properties(device)
+    per_sm = KNOBS["PROGRAMS_PER_SM"]
+    if not per_sm:
+        key = (device, tuple(sorted(consts.items())))
+        if key not in _RESIDENT:
+            k = _rms_bwd_kernel.warmup(*warmup_args(), grid=(1,), **consts)
+            k._init_handles()
+            _RESIDENT[key] = resident_programs(
+                k.n_regs, k.metadata.shared, consts["num_warps"], getattr(props, "regs_per_multiprocessor", 65536),
+                getattr(props, "shared_memory_per_multiprocessor", 232448),
+                getattr(props, "max_threads_per_multi_processor", 2048) // 32)
+        per_sm = _RESIDENT[key]
+    return min(tiles, per_sm * props.multi_processor_count)
 
 
 def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, eps: float,
@@ -108,10 +137,11 @@ def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, 
         return dx.view(x.shape), torch.zeros_like(weight)
     block = pow2(H)
     rows = max(1, KNOBS["TILE"] // block)
-    programs = _programs(x.device, cdiv(n_rows, rows))
+    consts = {"ROWS": rows, "BLOCK_H": block, "HAS_RES": grad_res is not None, "PREFETCH": KNOBS["PREFETCH"],
+              "DW_IN_TILE": KNOBS["DW_IN_TILE"], "num_warps": KNOBS["NUM_WARPS"] or (4 if block * rows <= 2048 else 8)}
+    # the warmup compile (PROGRAMS_PER_SM 0, once per launch constants) takes an empty workspace of the right type
+    args = lambda ws: (x2, weight, dy2, dres, dx, ws, n_rows, H, eps)  # noqa: E731
+    programs = _programs(x.device, cdiv(n_rows, rows), lambda: args(dx.new_empty(0, dtype=torch.float32)), consts)
     ws = torch.empty((programs, H), dtype=torch.float32, device=x.device)
-    fast(_rms_bwd_kernel)[(programs,)](x2, weight, dy2, dres, dx, ws, n_rows, H, eps, ROWS=rows, BLOCK_H=block,
-                                       HAS_RES=grad_res is not None, PREFETCH=KNOBS["PREFETCH"],
-                                       DW_IN_TILE=KNOBS["DW_IN_TILE"],
-                                       num_warps=KNOBS["NUM_WARPS"] or (4 if block * rows <= 2048 else 8))
+    fast(_rms_bwd_kernel)[(programs,)](*args(ws), **consts)
     return dx.view(x.shape), ws.sum(0).to(weight.dtype)

@@ -51,6 +51,18 @@ def test_rms_backward_adds_the_residual_outputs_gradient(schedule):
     assert not checks.reference("dh without grad_res", without, hd.grad, tol=1.6e-2).passed
 
 
+def test_resident_programs_counts_what_limits_an_sm():
+    from kernels.norm_backward import resident_programs
+
+    assert resident_programs(118, 0, 8) == 2  # 118 registers round up to 120 a thread: 30720 a program
+    assert resident_programs(80, 0, 8) == 3
+    assert resident_programs(40, 0, 4) == 12
+    assert resident_programs(40, 0, 16) == 3  # registers, not the 4 programs the warp limit allows
+    assert resident_programs(16, 0, 1) == 32  # the block limit
+    assert resident_programs(32, 4096, 1) == 32 and resident_programs(32, 100 << 10, 1) == 2  # shared memory
+    assert resident_programs(255, 0, 32) == 1  # never none
+
+
 def test_norm_backward_benchmark_smoke_runs_every_schedule(tmp_path):
     # benchmarks/norm_backward_gpu.py on tiny shapes under the interpreter: every schedule ran on every shape and
     # agrees with the first schedule and with fp64 (speed under the interpreter means nothing); the module's knobs
