@@ -86,7 +86,8 @@ def fp64_reference(x, w, gy, gres) -> tuple[torch.Tensor, torch.Tensor]:
     return xd.grad, wd.grad
 
 
-def run(shapes: dict, schedules: list[dict], device: str, smoke: bool) -> list[dict]:
+def run(shapes: dict, schedules: list[dict], device: str, smoke: bool, save=lambda rows: None) -> list[dict]:
+    """Every schedule on every shape; `save(rows)` after each shape (a cut-off run keeps what it measured)."""
     default = dict(nb.KNOBS)
     rows_out = []
     try:
@@ -122,6 +123,7 @@ def run(shapes: dict, schedules: list[dict], device: str, smoke: bool) -> list[d
                   f" us; best {best and best['us']:.1f} us ({best and best['pct_of_copy']:.0f}% of copy) "
                   f"{best and best['knobs']}", flush=True)
             rows_out.append(row)
+            save(rows_out)
             if device == "cuda":
                 torch.cuda.empty_cache()
     finally:
@@ -139,13 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         from tik_evo import interp
         interp.install()
     t0 = time.time()
-    rows = run(SMOKE_SHAPES if args.smoke else SHAPES, SMOKE_SCHEDULES if args.smoke else SCHEDULES, device,
-               args.smoke)
-    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
-           "torch": torch.__version__, "triton": triton.__version__, "root_knobs": dict(nb.KNOBS),
-           "wall_s": round(time.time() - t0, 1), "shapes": rows}
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    head = {"gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
+            "torch": torch.__version__, "triton": triton.__version__, "root_knobs": dict(nb.KNOBS)}
+
+    def save(rows: list[dict]) -> None:
+        out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **head,
+               "wall_s": round(time.time() - t0, 1), "shapes": rows}
+        Path(args.out).write_text(json.dumps(out, indent=1))
+    run(SMOKE_SHAPES if args.smoke else SHAPES, SMOKE_SCHEDULES if args.smoke else SCHEDULES, device, args.smoke,
+        save)
     return 0
 
 
