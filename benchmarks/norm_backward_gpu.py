@@ -8,6 +8,11 @@ schedule's (relative L2) and, on the first shape, with an fp64 autograd referenc
 
     PYTHONPATH=$PWD python3 benchmarks/norm_backward_gpu.py --out norm_backward.json
     python3 benchmarks/norm_backward_gpu.py --smoke --out x.json   # tiny shapes under the CPU interpreter
+    python3 benchmarks/norm_backward_gpu.py --offline --out x.json # no GPU: each schedule compiled for sm_90a
+
+`--offline` is not a timing: per shape and schedule it reports the registers and spills of an sm_90a compile,
+how many programs an H200's SM holds at once, and how many it would be handed (PROGRAMS_PER_SM, or 0: as many as
+it holds), so how many rounds of programs a persistent grid takes.
 """
 
 from __future__ import annotations
@@ -131,11 +136,55 @@ def run(shapes: dict, schedules: list[dict], device: str, smoke: bool, save=lamb
     return rows_out
 
 
+H200 = {"sms": 132, "regs_per_sm": 65536, "shared_per_sm": 232448, "warps_per_sm": 64}
+
+
+def offline(shapes: dict, schedules: list[dict]) -> list[dict]:
+    """Each schedule compiled for sm_90a at each shape (the launch's constants, width 16-byte aligned as the
+    runtime specialises it), with the residency it implies on an H200."""
+    from benchmarks.sm90 import compile_sm90
+
+    ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "dres_ptr": "*bf16", "dx_ptr": "*bf16",
+            "ws_ptr": "*fp32"}
+    sig = {**ptrs, "n_rows": "i32", "H": "i32", "eps": "fp32"}
+    rows_out = []
+    for name, (rows, width, res) in shapes.items():
+        block = nb.pow2(width)
+        tile_rows = max(1, nb.KNOBS["TILE"] // block)
+        tiles = -(-rows // tile_rows)
+        row = {"shape": name, "rows": rows, "width": width, "residual": res, "tiles": tiles, "schedules": []}
+        for sched in schedules:
+            warps = sched["NUM_WARPS"] or (4 if block * tile_rows <= 2048 else 8)
+            consts = {"ROWS": tile_rows, "BLOCK_H": block, "HAS_RES": res, "PREFETCH": sched["PREFETCH"],
+                      "DW_IN_TILE": sched["DW_IN_TILE"]}
+            rep = compile_sm90(nb._rms_bwd_kernel, sig, consts, warps, 3, set(ptrs) | {"H"})
+            held = nb.resident_programs(rep["registers"], rep["shared_bytes"], warps, H200["regs_per_sm"],
+                                        H200["shared_per_sm"], H200["warps_per_sm"])
+            handed = min(tiles, (sched["PROGRAMS_PER_SM"] or held) * H200["sms"])
+            row["schedules"].append({"knobs": dict(sched), "num_warps": warps, "registers": rep["registers"],
+                                     "spill_store_bytes": rep["spill_store_bytes"], "instructions": rep["instructions"],
+                                     "programs_an_sm_holds": held, "programs": handed,
+                                     "rounds_of_programs": -(-handed // (held * H200["sms"])),
+                                     "warps_resident_per_sm": min(held, -(-handed // H200["sms"])) * warps})
+        rows_out.append(row)
+        print(name, [(e["knobs"]["PREFETCH"], e["knobs"]["PROGRAMS_PER_SM"], e["num_warps"], e["registers"],
+                      e["programs_an_sm_holds"], e["rounds_of_programs"]) for e in row["schedules"]], flush=True)
+    return rows_out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes under the CPU interpreter")
+    ap.add_argument("--offline", action="store_true", help="no GPU: compile each schedule for sm_90a and report "
+                    "registers and residency (not a timing)")
     args = ap.parse_args(argv)
+    if args.offline:
+        out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "what": "offline sm_90a compile (no GPU, not a timing); residency for an H200", "h200": H200,
+               "triton": triton.__version__, "shapes": offline(SHAPES, SCHEDULES)}
+        Path(args.out).write_text(json.dumps(out, indent=1))
+        return 0
     device = "cpu" if args.smoke else "cuda"
     if args.smoke:
         from tik_evo import interp
