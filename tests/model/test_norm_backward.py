@@ -128,3 +128,27 @@ def test_policy_backward_kernels_compile_for_hopper_without_spills(offline):
     # the combine's gathered rows load as 16-byte vectors (H a multiple of 16, as Triton specializes it at launch):
     # 2 per slot and thread, plus each slot's position and weight
     assert reports["moe_combine"]["LDG"] == 8 * 2 + 8 * 2, reports["moe_combine"]
+
+
+OFFLINE = """
+import json, sys
+sys.path.insert(0, ".")
+from tik_evo.candidate import load_module
+bench = load_module(__import__("pathlib").Path("benchmarks/norm_backward_gpu.py"), "nb_bench")
+rows = bench.offline({"add+norm": (8192, 2560, True)}, [bench.BEFORE, {**bench.BEFORE, "PROGRAMS_PER_SM": 0}])
+print(json.dumps(rows))
+"""
+
+
+def test_norm_backward_offline_report_counts_rounds_of_programs(offline):
+    # `norm_backward_gpu.py --offline`: a schedule compiled for sm_90a, with the residency it implies on an H200.
+    # The grid sized to residency (PROGRAMS_PER_SM 0) never takes more than one round of programs.
+    import json
+
+    (row,) = json.loads(offline("-c", OFFLINE).splitlines()[-1])  # after the report's progress line
+    before, sized = row["schedules"]
+    for e in (before, sized):
+        assert e["registers"] > 0 and e["spill_store_bytes"] == 0 and e["programs_an_sm_holds"] >= 1, e
+    assert sized["rounds_of_programs"] == 1 and sized["programs"] == sized["programs_an_sm_holds"] * 132
+    assert before["programs"] == min(row["tiles"], 4 * 132)
+    assert before["rounds_of_programs"] == -(-before["programs"] // (before["programs_an_sm_holds"] * 132))
