@@ -54,10 +54,6 @@ SCHEDULES = [BEFORE] + [{"PREFETCH": pf, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 
 SMOKE_SCHEDULES = [BEFORE, {"PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 4}]
 
 
-def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-
-
 def time_us(fn, smoke: bool) -> float:
     if smoke:
         fn()
@@ -112,11 +108,11 @@ def run(shapes: dict, schedules: list[dict], device: str, smoke: bool, save=lamb
                     dx, dw = nb.rms_backward(*sets[0][:3], 1e-6, sets[0][3])
                     if first is None:
                         first = (dx, dw)
-                    entry["dx_rel_l2_vs_first"] = rel_l2(dx, first[0])
-                    entry["dw_rel_l2_vs_first"] = rel_l2(dw, first[1])
+                    entry["dx_rel_l2_vs_first"] = checks.rel_l2(dx, first[0])
+                    entry["dw_rel_l2_vs_first"] = checks.rel_l2(dw, first[1])
                     if ref is not None:
-                        entry["dx_rel_l2_vs_fp64"] = rel_l2(dx, ref[0])
-                        entry["dw_rel_l2_vs_fp64"] = rel_l2(dw, ref[1])
+                        entry["dx_rel_l2_vs_fp64"] = checks.rel_l2(dx, ref[0])
+                        entry["dw_rel_l2_vs_fp64"] = checks.rel_l2(dw, ref[1])
                     entry["us"] = time_us(call, smoke)
                     entry["pct_of_copy"] = 100.0 * row["copy_us"] / entry["us"]
                 except Exception as e:  # noqa: BLE001 - one schedule's failure is reported, the others go on

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels.attention import root as attention  # noqa: E402
 from kernels.embedding_backward import embedding_backward  # noqa: E402
 from kernels.moe_combine import combine, combine_backward  # noqa: E402
+from tik_evo.checks import rel_l2  # noqa: E402
 
 SHAPES = {"tokens": 8192, "top_k": 8, "hidden": 2048, "vocab": 151936, "embed_hidden": 2560,
           "seq_lens": [2048] * 4, "q_heads": 32, "kv_heads": 4, "head_dim": 128}
@@ -46,10 +47,6 @@ SMOKE_SHAPES = {"tokens": 13, "top_k": 4, "hidden": 96, "vocab": 50, "embed_hidd
 
 
 ROUNDS = 3  # alternating readings of the attention backward's two ways (GPU)
-
-
-def rel_l2(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
 def measure(fn, smoke: bool) -> dict:

@@ -61,6 +61,11 @@ def finite(name: str, t: torch.Tensor) -> Check:
     return Check(name, n == 0, "finite", info)
 
 
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in fp64 (benches' figures; a zero reference counts as a tiny one)."""
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
 def reference(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float | None = None) -> Check:
     """Relative L2 error of ``out`` against a higher-precision reference."""
     tol = REFERENCE_TOL.get(out.dtype, 1e-4) if tol is None else tol
