@@ -106,8 +106,7 @@ SWEEP = {
     # silu_mul (root: 1024-wide column blocks of 4 warps): decode launch shapes, Liger's one 32-warp program per
     # row included, all ran the same at B256 (rowwise_sweep_silu_waves_h100_2026-12-05.json); evict-first hints
     # read 2% faster at decode B256 on 2026-12-03 when set for both paths (and cost 6% at 32K tokens in the full
-    # path), so
-    # here in the decode path alone, alternated with the root.
+    # path), so here in the decode path alone, alternated with the root.
     "silu_mul": (("qwen3-4b.decode.B256", "qwen3-4b.decode.B1"), [
         {}, {"DECODE_STREAMING": True}, {"DECODE_STREAMING": True, "DECODE_COLS_FASTEST": True}, {},
         {"DECODE_STREAMING": True}, {"DECODE_STREAMING": True, "DECODE_BLOCK_I": 2048, "DECODE_NUM_WARPS": 8}, {},
