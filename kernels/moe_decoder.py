@@ -124,9 +124,10 @@ class MoEDecoder:
         s = self.s
         qkv = self._linear(x, self.w_qkv[layer], path)
         nq, nkv = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
-        q = qkv[:, :nq].reshape(-1, s.q_heads, s.head_dim).contiguous()
-        k = qkv[:, nq:nq + nkv].reshape(-1, s.kv_heads, s.head_dim).contiguous()
-        v = qkv[:, nq + nkv:].reshape(-1, s.kv_heads, s.head_dim).contiguous()
+        # One split, not three slices: autograd takes split's gradient with one cat, where three slices each
+        # build a zeroed full-width gradient and then sum them.
+        q, k, v = (t.reshape(-1, n // s.head_dim, s.head_dim).contiguous()
+                   for t, n in zip(qkv.split([nq, nkv, nkv], dim=1), (nq, nkv, nkv)))
         if self.ops:
             qn, kn = self.ops.qk_rmsnorm(q, k, self.q_norm[layer], self.k_norm[layer], EPS)
             return (*self.ops.rope(qn, kn, self.cos, self.sin, positions), v)
