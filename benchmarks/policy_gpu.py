@@ -43,6 +43,7 @@ from kernels.attention.autograd import packed_backward_path  # noqa: E402
 from kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
 from kernels.files import add_arguments, impls_from_args  # noqa: E402
 from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
+from tik_evo import checks  # noqa: E402
 
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # benchmarks/model_consistency_gpu.py's
 SHAPES = {
@@ -75,7 +76,7 @@ def bits(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
     return int((x.view(torch.int32) != y.view(torch.int32)).sum())
 
 
-def checks(m: MoEDecoder, seqs, prompts, device: str, modes: list[str]) -> dict:
+def policy_checks(m: MoEDecoder, seqs, prompts, device: str, modes: list[str]) -> dict:
     """Bits against training and rollout; each parameter's gradient against the fp32 torch model's, for each
     way of taking the linear layers' gradients (`KernelOps`' matmul_backward; the first one's key has no
     suffix)."""
@@ -92,8 +93,7 @@ def checks(m: MoEDecoder, seqs, prompts, device: str, modes: list[str]) -> dict:
     out = {"answer_tokens": int(torch.cat(train).numel()), "policy_vs_training_mismatches": bits(lp, train),
            "policy_vs_rollout_mismatches": bits(lp, rollout), "training_vs_rollout_mismatches": bits(train, rollout)}
     for i, (mode, (_, _, grads)) in enumerate(runs.items()):
-        rel = [float((a.double() - p.grad.double()).norm() / p.grad.double().norm())
-               for a, p in zip(grads, m.parameters())]
+        rel = [checks.rel_l2(a, p.grad) for a, p in zip(grads, m.parameters())]
         out["grad_rel_l2_vs_fp32_torch" + (f"_{mode}_matmul_bwd" if i else "")] = {
             "max": max(rel), "median": statistics.median(rel), "per_param": rel}
     out["tokens_routed_differently_vs_fp32_torch"] = sum(
@@ -214,8 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         m = MoEDecoder(shape, 0, device, impls=impls)
         for p in m.parameters():
             p.requires_grad_(True)
-        row = {"shape": shape.__dict__, "checks": checks(m, sequences(shape.vocab, lens, device, 100), prompts, device,
-                                                          modes)}
+        row = {"shape": shape.__dict__,
+               "checks": policy_checks(m, sequences(shape.vocab, lens, device, 100), prompts, device, modes)}
         c = row["checks"]
         print(f"{name}: {c['answer_tokens']} log-probs, policy vs training {c['policy_vs_training_mismatches']}, vs "
               f"rollout {c['policy_vs_rollout_mismatches']} differ; gradients vs fp32 torch: max rel "
