@@ -126,8 +126,7 @@ class MoEDecoder:
         nq, nkv = s.q_heads * s.head_dim, s.kv_heads * s.head_dim
         # One split, not three slices: autograd takes split's gradient with one cat, where three slices each
         # build a zeroed full-width gradient and then sum them.
-        q, k, v = (t.reshape(-1, n // s.head_dim, s.head_dim).contiguous()
-                   for t, n in zip(qkv.split([nq, nkv, nkv], dim=1), (nq, nkv, nkv)))
+        q, k, v = (t.unflatten(1, (-1, s.head_dim)).contiguous() for t in qkv.split([nq, nkv, nkv], dim=1))
         if self.ops:
             qn, kn = self.ops.qk_rmsnorm(q, k, self.q_norm[layer], self.k_norm[layer], EPS)
             return (*self.ops.rope(qn, kn, self.cos, self.sin, positions), v)
