@@ -145,14 +145,11 @@ def offline(shapes: dict, schedules: list[dict]) -> list[dict]:
     sig = {**ptrs, "n_rows": "i32", "H": "i32", "eps": "fp32"}
     rows_out = []
     for name, (rows, width, res) in shapes.items():
-        block = nb.pow2(width)
-        tile_rows = max(1, nb.KNOBS["TILE"] // block)
-        tiles = -(-rows // tile_rows)
+        tiles = -(-rows // nb.launch_constants(width, res)["ROWS"])
         row = {"shape": name, "rows": rows, "width": width, "residual": res, "tiles": tiles, "schedules": []}
         for sched in schedules:
-            warps = sched["NUM_WARPS"] or (4 if block * tile_rows <= 2048 else 8)
-            consts = {"ROWS": tile_rows, "BLOCK_H": block, "HAS_RES": res, "PREFETCH": sched["PREFETCH"],
-                      "DW_IN_TILE": sched["DW_IN_TILE"]}
+            consts = nb.launch_constants(width, res, {**nb.KNOBS, **sched})
+            warps = consts.pop("num_warps")
             rep = compile_sm90(nb._rms_bwd_kernel, sig, consts, warps, 3, set(ptrs) | {"H"})
             held = nb.resident_programs(rep["registers"], rep["shared_bytes"], warps, H200["regs_per_sm"],
                                         H200["shared_per_sm"], H200["warps_per_sm"])

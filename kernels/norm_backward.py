@@ -101,6 +101,15 @@ def resident_programs(n_regs: int, shared: int, warps: int, regs_per_sm: int = 6
     return max(1, min(fits))
 
 
+def launch_constants(H: int, has_res: bool, knobs: dict | None = None) -> dict:
+    """The kernel's constexprs and warp count for rows of width H under `knobs` (default KNOBS)."""
+    k = KNOBS if knobs is None else knobs
+    block = pow2(H)
+    rows = max(1, k["TILE"] // block)
+    return {"ROWS": rows, "BLOCK_H": block, "HAS_RES": has_res, "PREFETCH": k["PREFETCH"],
+            "DW_IN_TILE": k["DW_IN_TILE"], "num_warps": k["NUM_WARPS"] or (4 if block * rows <= 2048 else 8)}
+
+
 _RESIDENT: dict[tuple, int] = {}  # (device, launch constants) -> programs an SM holds
 
 
@@ -135,10 +144,8 @@ def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, 
     dx = torch.empty_like(x2)
     if n_rows == 0:
         return dx.view(x.shape), torch.zeros_like(weight)
-    block = pow2(H)
-    rows = max(1, KNOBS["TILE"] // block)
-    consts = {"ROWS": rows, "BLOCK_H": block, "HAS_RES": grad_res is not None, "PREFETCH": KNOBS["PREFETCH"],
-              "DW_IN_TILE": KNOBS["DW_IN_TILE"], "num_warps": KNOBS["NUM_WARPS"] or (4 if block * rows <= 2048 else 8)}
+    consts = launch_constants(H, grad_res is not None)
+    rows = consts["ROWS"]
     # the warmup compile (PROGRAMS_PER_SM 0, once per launch constants) takes an empty workspace of the right type
     args = lambda ws: (x2, weight, dy2, dres, dx, ws, n_rows, H, eps)  # noqa: E731
     programs = _programs(x.device, cdiv(n_rows, rows), lambda: args(dx.new_empty(0, dtype=torch.float32)), consts)
