@@ -155,8 +155,9 @@ while [ $# -gt 0 ]; do
     routing_variants) v=$1; shift  # a moe_routing sweep from a JSON list of knob changes, each bit-checked first
       timeout 240 python3 benchmarks/ops_matmul_gpu.py --families moe_routing --compile-routing \
         --routing-variants "$v" --budget-s 200 --out "$OUT/routing_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
-    rowwise) f=$1; shift  # row-wise families' checks and peers; OPS_KNOBS='{"family": {knob: value}}' changes the root; ROWWISE_ROUNDS=N interleaved rounds
+    rowwise) f=$1; shift  # row-wise families' checks and peers; OPS_KNOBS='{"family": {knob: value}}' changes the root; ROWWISE_ROUNDS=N interleaved rounds; ROWWISE_EXTRAS='{"family": {"label": "file.py"}}' times kernel files beside the root
       timeout 300 python3 benchmarks/ops_rowwise_gpu.py --families "$f" ${OPS_KNOBS:+--knobs "$OPS_KNOBS"} \
+        ${ROWWISE_EXTRAS:+--extras "$ROWWISE_EXTRAS"} \
         ${ROWWISE_ROUNDS:+--rounds $ROWWISE_ROUNDS} --out "$OUT" 2>&1 | tail -40 ;;
     ops) f=$1; shift  # OPS_ARGS passes more flags, e.g. "--kernel moe_routing=/tmp/routing.py --best RUN_DIR"
       timeout 300 python3 benchmarks/ops_gpu.py --families "$f" ${OPS_ARGS:-} --out "$OUT" 2>&1 | tail -40 ;;

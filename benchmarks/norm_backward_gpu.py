@@ -46,12 +46,15 @@ SHAPES = {
 }
 SMOKE_SHAPES = {"qk": (37, 128, False), "add+norm": (9, 300, True), "norm": (5, 1000, False)}
 
-BEFORE = {"PREFETCH": False, "DW_IN_TILE": False, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0}  # the kernel until now
-# PROGRAMS_PER_SM 0: as many as the SMs hold at once (from the compiled kernel's registers)
-SCHEDULES = [BEFORE] + [{"PREFETCH": pf, "DW_IN_TILE": True, "PROGRAMS_PER_SM": p, "NUM_WARPS": w}
-                        for pf in (False, True) for p in (0, 2, 4, 8) for w in (0, 4)] + [
-    {"PREFETCH": pf, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 16} for pf in (False, True)]
-SMOKE_SCHEDULES = [BEFORE, {"PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 4}]
+BEFORE = {"PREFETCH": False, "DW_IN_TILE": False, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0,  # the kernel until 12-06
+          "MIN_TILES_PER_PROGRAM": 1}
+# Around the 2026-12-06 H100 sweep's best (prefetch, dw per tile position): PROGRAMS_PER_SM 0 is as many as the SMs
+# hold at once (from the compiled kernel's registers), MIN_TILES_PER_PROGRAM caps the grid so no program takes a
+# single tile.
+SCHEDULES = [BEFORE] + [{"PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": p, "NUM_WARPS": w,
+                         "MIN_TILES_PER_PROGRAM": m} for p in (0, 8) for w in (0, 4, 16) for m in (1, 2, 4)]
+SMOKE_SCHEDULES = [BEFORE, {"PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 4,
+                             "MIN_TILES_PER_PROGRAM": 2}]
 
 
 def time_us(fn, smoke: bool) -> float:
@@ -153,7 +156,7 @@ def offline(shapes: dict, schedules: list[dict]) -> list[dict]:
             rep = compile_sm90(nb._rms_bwd_kernel, sig, consts, warps, 3, set(ptrs) | {"H"})
             held = nb.resident_programs(rep["registers"], rep["shared_bytes"], warps, H200["regs_per_sm"],
                                         H200["shared_per_sm"], H200["warps_per_sm"])
-            handed = min(tiles, (sched["PROGRAMS_PER_SM"] or held) * H200["sms"])
+            handed = min(-(-tiles // sched["MIN_TILES_PER_PROGRAM"]), (sched["PROGRAMS_PER_SM"] or held) * H200["sms"])
             row["schedules"].append({"knobs": dict(sched), "num_warps": warps, "registers": rep["registers"],
                                      "spill_store_bytes": rep["spill_store_bytes"], "instructions": rep["instructions"],
                                      "programs_an_sm_holds": held, "programs": handed,

@@ -103,14 +103,14 @@ GPU_CASES = {
 
 # Knob sweep (--sweep): path-knob variants of each root timed on a few workloads, peers timed alongside.
 SWEEP = {
-    # silu_mul (root: 1024-wide column blocks of 4 warps): decode launch shapes, Liger's one 32-warp program per
-    # row included, all ran the same at B256 (rowwise_sweep_silu_waves_h100_2026-12-05.json); evict-first hints
-    # read 2% faster at decode B256 on 2026-12-03 when set for both paths (and cost 6% at 32K tokens in the full
-    # path), so here in the decode path alone, alternated with the root.
+    # silu_mul (root: 1024-wide column blocks of 4 warps, evict-first hints in the decode path): decode launch
+    # shapes, Liger's one 32-warp program per row included, all ran the same at B256
+    # (rowwise_sweep_silu_waves_h100_2026-12-05.json); the hints read 2.5% faster at decode B256 (7 rounds on an
+    # H100, 2026-12-06) and cost 6% at 32K tokens in the full path (2026-12-03), so the decode path alone takes them.
     "silu_mul": (("qwen3-4b.decode.B256", "qwen3-4b.decode.B1"), [
-        {}, {"DECODE_STREAMING": True}, {"DECODE_STREAMING": True, "DECODE_COLS_FASTEST": True}, {},
-        {"DECODE_STREAMING": True}, {"DECODE_STREAMING": True, "DECODE_BLOCK_I": 2048, "DECODE_NUM_WARPS": 8}, {},
-        {"DECODE_STREAMING": True}]),
+        {}, {"DECODE_STREAMING": False}, {"DECODE_COLS_FASTEST": True}, {},
+        {"DECODE_STREAMING": False}, {"DECODE_BLOCK_I": 2048, "DECODE_NUM_WARPS": 8}, {},
+        {"DECODE_STREAMING": False}]),
     # rope (root: early loads, 2 decode warps, auto head split; measured in rowwise_sweep2_2026-12-02.json against
     # the serial root, the split and in-kernel cos/sin): decode warps and tokens per program around the new root.
     "rope": (("qwen3-4b.decode.B1", "qwen3-4b.decode.B256", "llama-3.1-8b.full.T32768"), [
@@ -547,7 +547,8 @@ def bench_family(family: str, liger, all_workloads: bool, changes: dict | None =
                     except Exception as e:  # noqa: BLE001
                         row["compile_error"] = repr(e)[:300]
             if ROUNDS["n"] > 1 and not late:
-                more_rounds(row, {"root": fam.make_bench(impl, w, 0, DEVICE).run, **rotated(sets)}, timer)
+                ours = {n: fam.make_bench(m, w, 0, DEVICE).run for n, m in {"root": impl, **others}.items()}
+                more_rounds(row, {**ours, **rotated(sets)}, timer)
         except Exception as e:  # noqa: BLE001
             row["error"] = traceback.format_exc()[-1500:]
             print(f"{family} {w['name']}: {e!r}")
@@ -688,6 +689,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=1e9, help="past this many seconds skip compile/Liger")
     ap.add_argument("--knobs", type=json.loads, default=None,
                     help='JSON {family: {knob: value}}: check and time these changes to the root instead')
+    ap.add_argument("--extras", type=json.loads, default=None,
+                    help='JSON {family: {label: kernel file}}: check and time these beside the root, in its rounds')
     ap.add_argument("--rounds", type=int, default=1,
                     help="time the root and its peers in this many interleaved rounds (medians; every round kept)")
     args = ap.parse_args(argv)
@@ -702,7 +705,7 @@ def main(argv=None) -> int:
     if args.sweep:
         sweep(fams, out)
     else:
-        run(fams, out, args.all_workloads, args.budget_s, args.knobs)
+        run(fams, out, args.all_workloads, args.budget_s, args.knobs, args.extras)
     return 0
 
 

@@ -22,9 +22,13 @@ from tik_evo.launch import cdiv, fast, pow2
 # position and reduces over rows once at the end, instead of a reduction across warps every step (QK norm's
 # 128-wide heads: 32 rows a tile); PROGRAMS_PER_SM sizes the persistent grid (programs past what fits on an SM at
 # once wait for a whole program to finish; 0: as many as fit, from the compiled kernel's registers); NUM_WARPS 0
-# takes 4 warps up to 2048 elements a tile, else 8.
-# benchmarks/norm_backward_gpu.py times them against each other.
-KNOBS = {"TILE": 4096, "PREFETCH": False, "DW_IN_TILE": False, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0}
+# takes 4 warps up to 2048 elements a tile, else 8; MIN_TILES_PER_PROGRAM caps the grid so each program walks at
+# least that many tiles (a program's prologue and dw epilogue are paid once per program).
+# benchmarks/norm_backward_gpu.py times them against each other. These were the best single schedule over the
+# policy step's five shapes on an H100 (results/ops/norm_backward_h100_2026-12-06.md: 354 us in all against 518 us
+# for the kernel before; the next few schedules were within the 3-5% that two runs differ by).
+KNOBS = {"TILE": 4096, "PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 0,
+         "MIN_TILES_PER_PROGRAM": 2}
 
 
 @triton.jit
@@ -116,8 +120,9 @@ _RESIDENT: dict[tuple, int] = {}  # (device, launch constants) -> programs an SM
 def _programs(device: torch.device, tiles: int, warmup_args, consts: dict) -> int:
     """The persistent grid: PROGRAMS_PER_SM per SM, or with 0 as many as the SMs hold at once (read from the
     compiled kernel), so no program waits for another to finish its whole walk."""
+    most = cdiv(tiles, KNOBS["MIN_TILES_PER_PROGRAM"])
     if device.type != "cuda":
-        return min(tiles, 4)  # the interpreter: several programs' worth of rows each
+        return min(most, 4)  # the interpreter: several programs' worth of rows each
     props = torch.cuda.get_device_properties(device)
     per_sm = KNOBS["PROGRAMS_PER_SM"]
     if not per_sm:
@@ -130,7 +135,7 @@ def _programs(device: torch.device, tiles: int, warmup_args, consts: dict) -> in
                 getattr(props, "shared_memory_per_multiprocessor", 232448),
                 getattr(props, "max_threads_per_multi_processor", 2048) // 32)
         per_sm = _RESIDENT[key]
-    return min(tiles, per_sm * props.multi_processor_count)
+    return min(most, per_sm * props.multi_processor_count)
 
 
 def rms_backward(x: torch.Tensor, weight: torch.Tensor, grad_out: torch.Tensor, eps: float,

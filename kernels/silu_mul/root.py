@@ -32,7 +32,7 @@ KNOBS = {
     "DECODE_ROWS_PER_PROGRAM": 1,
     "DECODE_NUM_WARPS": 4,
     "DECODE_COLS_FASTEST": False,
-    "DECODE_STREAMING": False,
+    "DECODE_STREAMING": True,
 }
 
 

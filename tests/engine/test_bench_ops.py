@@ -143,19 +143,25 @@ def test_the_matmul_suite_loads_kernel_files_and_reports_them_against_the_root(t
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU form")
 def test_the_rowwise_suite_times_root_and_peers_in_interleaved_rounds(tmp_path, monkeypatch):
-    # `--rounds 3`: every figure of a row (the root's, each peer's) is the median of three rounds, all kept.
+    # `--rounds 3`: every figure of a row (the root's, each peer's, an `--extras` kernel file's) is the median of
+    # three rounds, all kept.
     import statistics
 
     from tik_evo.candidate import load_module
 
     suite = load_module(ROOT / "benchmarks" / "ops_rowwise_gpu.py", "rowwise_rounds")
     monkeypatch.setattr(suite, "ROUNDS", {"n": 1})
-    assert suite.main(["--dry-run", "--families", "rmsnorm", "--rounds", "3", "--out", str(tmp_path)]) == 0
+    wide = tmp_path / "wide.py"
+    wide.write_text(_variant("rmsnorm", BLOCK_H=1024))
+    extras = json.dumps({"rmsnorm": {"wide": str(wide)}})
+    assert suite.main(["--dry-run", "--families", "rmsnorm", "--rounds", "3", "--extras", extras,
+                       "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "rowwise.json").read_text())["families"]["rmsnorm"]["workloads"]
     assert rows and all("error" not in r for r in rows)
     for r in rows:
         timed = [k[:-len("_us_rounds")] for k in r if k.endswith("_us_rounds")]
-        assert "root" in timed and "torch" in timed, r.keys()
+        assert {"root", "torch", "wide"} <= set(timed), r.keys()
+        assert r["wide_verify_passed"]
         for name in timed:
             assert len(r[f"{name}_us_rounds"]) == 3 and r[f"{name}_us"] == statistics.median(r[f"{name}_us_rounds"])
     with pytest.raises(SystemExit):

@@ -10,8 +10,9 @@ from tik_evo import checks
 
 
 @pytest.fixture(params=[{"PREFETCH": True, "DW_IN_TILE": True}, {"PREFETCH": False, "DW_IN_TILE": False},
-                        {"PREFETCH": True, "DW_IN_TILE": False, "NUM_WARPS": 2}],
-                ids=["prefetch+dw_in_tile", "plain", "prefetch+2warps"])
+                        {"PREFETCH": True, "DW_IN_TILE": False, "NUM_WARPS": 2},
+                        {"PREFETCH": True, "DW_IN_TILE": True, "MIN_TILES_PER_PROGRAM": 3}],
+                ids=["prefetch+dw_in_tile", "plain", "prefetch+2warps", "3 tiles a program"])
 def schedule(request, monkeypatch):
     """The kernel's schedule knobs: none may change more than fp32 summation order. On the CPU a launch has at
     most 4 programs, so the shapes below take several steps per program (the prefetch's loop)."""
