@@ -24,9 +24,9 @@ from tik_evo.launch import cdiv, fast, pow2
 # once wait for a whole program to finish; 0: as many as fit, from the compiled kernel's registers); NUM_WARPS 0
 # takes 4 warps up to 2048 elements a tile, else 8; MIN_TILES_PER_PROGRAM caps the grid so each program walks at
 # least that many tiles (a program's prologue and dw epilogue are paid once per program).
-# benchmarks/norm_backward_gpu.py times them against each other. These were the best single schedule over the
-# policy step's five shapes on an H100 (results/ops/norm_backward_h100_2026-12-06.md: 354 us in all against 518 us
-# for the kernel before; the next few schedules were within the 3-5% that two runs differ by).
+# benchmarks/norm_backward_gpu.py times them against each other. These are among the best schedules over the
+# policy step's five shapes on an H100 (results/ops/gpu_2026-12-06.md section 1: 348 us in all against 517 us for
+# the kernel before, the mean of two runs; the next three schedules were within the 3-5% two runs differ by).
 KNOBS = {"TILE": 4096, "PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 0,
          "MIN_TILES_PER_PROGRAM": 2}
 
@@ -119,7 +119,8 @@ _RESIDENT: dict[tuple, int] = {}  # (device, launch constants) -> programs an SM
 
 def _programs(device: torch.device, tiles: int, warmup_args, consts: dict) -> int:
     """The persistent grid: PROGRAMS_PER_SM per SM, or with 0 as many as the SMs hold at once (read from the
-    compiled kernel), so no program waits for another to finish its whole walk."""
+    compiled kernel), so no program waits for another to finish its whole walk; and no more programs than give
+    each MIN_TILES_PER_PROGRAM tiles."""
     most = cdiv(tiles, KNOBS["MIN_TILES_PER_PROGRAM"])
     if device.type != "cuda":
         return min(most, 4)  # the interpreter: several programs' worth of rows each
