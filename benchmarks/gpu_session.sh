@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -159,6 +159,16 @@ while [ $# -gt 0 ]; do
       timeout 300 python3 benchmarks/ops_rowwise_gpu.py --families "$f" ${OPS_KNOBS:+--knobs "$OPS_KNOBS"} \
         ${ROWWISE_EXTRAS:+--extras "$ROWWISE_EXTRAS"} \
         ${ROWWISE_ROUNDS:+--rounds $ROWWISE_ROUNDS} --out "$OUT" 2>&1 | tail -40 ;;
+    rowwise_ncu) c=$1; shift  # our row-wise kernels against Liger's launch by launch under ncu (cells family:workload,...), caches flushed and not
+      for cc in all none; do
+        rep=/tmp/rowwise_ncu_$cc; order="$OUT/rowwise_ncu_order_$cc.json"
+        timeout 240 ncu --profile-from-start off --cache-control $cc --clock-control base \
+          --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -f -o $rep \
+          python3 benchmarks/rowwise_ncu.py run --cells "$c" --reps ${NCU_REPS:-7} --order "$order" 2>&1 | tail -4
+        ncu --import $rep.ncu-rep --page raw --csv --print-units base > /tmp/rowwise_ncu_$cc.csv 2>/dev/null
+        python3 benchmarks/rowwise_ncu.py summarize --csv /tmp/rowwise_ncu_$cc.csv --order "$order" --cache $cc \
+          --out "$OUT/rowwise_ncu_$cc.json" 2>&1 | tail -12
+      done ;;
     ops) f=$1; shift  # OPS_ARGS passes more flags, e.g. "--kernel moe_routing=/tmp/routing.py --best RUN_DIR"
       timeout 300 python3 benchmarks/ops_gpu.py --families "$f" ${OPS_ARGS:-} --out "$OUT" 2>&1 | tail -40 ;;
     audit_profile) f=$1; k=$2; shift 2  # an audit's check stages per case: cold/warm Triton cache, split over processes

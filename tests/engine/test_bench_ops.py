@@ -166,3 +166,38 @@ def test_the_rowwise_suite_times_root_and_peers_in_interleaved_rounds(tmp_path, 
             assert len(r[f"{name}_us_rounds"]) == 3 and r[f"{name}_us"] == statistics.median(r[f"{name}_us_rounds"])
     with pytest.raises(SystemExit):
         suite.main(["--dry-run", "--families", "rmsnorm", "--rounds", "0", "--out", str(tmp_path)])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU form")
+def test_the_ncu_comparison_labels_each_launch_and_refuses_a_miscounted_report(tmp_path):
+    # benchmarks/rowwise_ncu.py: `run` alternates each cell's single-launch calls and writes their order;
+    # `summarize` labels an ncu raw-page export by it (root / each, per cell) and stops when the counts differ.
+    from tik_evo.candidate import load_module
+
+    tool = load_module(ROOT / "benchmarks" / "rowwise_ncu.py", "rowwise_ncu")
+    order = tmp_path / "order.json"
+    assert tool.main(["run", "--dry-run", "--cells", "rope:decode.B3xC50,silu_mul:decode.B3xI600", "--reps", "2",
+                      "--order", str(order)]) == 0
+    labels = json.loads(order.read_text())["order"]
+    assert labels[:2] == ["rope:decode.B3xC50 root", "rope:decode.B3xC50 root_inplace"]
+    assert len(labels) == 2 * len(set(labels)) and labels[len(labels) // 2:] == labels[:len(labels) // 2]
+
+    def export(rows):  # ncu --page raw --csv: a header, a units row, one row per launch
+        head = '"ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","dram__bytes_write.sum"'
+        lines = [head, '"","","nsecond","byte","byte"']
+        lines += [f'"{i}","{k}","{ns:,}","100","50"' for i, (k, ns) in enumerate(rows)]
+        (tmp_path / "r.csv").write_text("==PROF== noise\n" + "\n".join(lines) + "\n")
+        return ["summarize", "--csv", str(tmp_path / "r.csv"), "--order", str(order), "--out", str(tmp_path / "x.json")]
+
+    kernel = lambda label: "_rope_kernel" if label.startswith("rope") else "_silu_mul_kernel"  # noqa: E731
+    times = {"root": 2000, "root_inplace": 1000, "root_rows": 4000, "root_separate": 2000}
+    assert tool.main(export([(kernel(lb), times[lb.rpartition(" ")[2]]) for lb in labels])) == 0
+    cells = json.loads((tmp_path / "x.json").read_text())["cells"]
+    rope = cells["rope:decode.B3xC50"]
+    assert rope["root"]["us"] == [2.0, 2.0] and rope["root_inplace"]["root_over_this"] == pytest.approx(2.0)
+    assert rope["root_rows"]["root_over_this"] == pytest.approx(0.5)
+    assert cells["silu_mul:decode.B3xI600"]["root_separate"]["median_us"] == pytest.approx(2.0)
+    with pytest.raises(SystemExit, match="launches profiled"):
+        tool.main(export([(kernel(lb), 1000) for lb in labels] + [("_rope_kernel", 1000)]))
+    with pytest.raises(SystemExit, match="launched"):  # a label whose launches are different kernels
+        tool.main(export([(f"k{i}", 1000) for i, _ in enumerate(labels)]))
