@@ -159,12 +159,13 @@ while [ $# -gt 0 ]; do
       timeout 300 python3 benchmarks/ops_rowwise_gpu.py --families "$f" ${OPS_KNOBS:+--knobs "$OPS_KNOBS"} \
         ${ROWWISE_EXTRAS:+--extras "$ROWWISE_EXTRAS"} \
         ${ROWWISE_ROUNDS:+--rounds $ROWWISE_ROUNDS} --out "$OUT" 2>&1 | tail -40 ;;
-    rowwise_ncu) c=$1; shift  # our row-wise kernels against Liger's launch by launch under ncu (cells family:workload,...), caches flushed and not
+    rowwise_ncu) c=$1; shift  # our row-wise kernels against Liger's launch by launch under ncu (cells family:workload,...), caches flushed and not; ROWWISE_EXTRAS as for rowwise
       for cc in all none; do
         rep=/tmp/rowwise_ncu_$cc; order="$OUT/rowwise_ncu_order_$cc.json"
         timeout 240 ncu --profile-from-start off --cache-control $cc --clock-control base \
           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -f -o $rep \
-          python3 benchmarks/rowwise_ncu.py run --cells "$c" --reps ${NCU_REPS:-7} --order "$order" 2>&1 | tail -4
+          python3 benchmarks/rowwise_ncu.py run --cells "$c" --reps ${NCU_REPS:-7} ${ROWWISE_EXTRAS:+--extras "$ROWWISE_EXTRAS"} \
+          --order "$order" 2>&1 | tail -4
         ncu --import $rep.ncu-rep --page raw --csv --print-units base > /tmp/rowwise_ncu_$cc.csv 2>/dev/null
         python3 benchmarks/rowwise_ncu.py summarize --csv /tmp/rowwise_ncu_$cc.csv --order "$order" --cache $cc \
           --out "$OUT/rowwise_ncu_$cc.json" 2>&1 | tail -12

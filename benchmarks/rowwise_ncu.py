@@ -12,7 +12,8 @@ not their absolute values.
     ncu --import R.ncu-rep --page raw --csv --print-units base > R.csv
     python3 benchmarks/rowwise_ncu.py summarize --csv R.csv --order O.json --out X.json
 
-Each labelled call must be a single launch. `summarize` refuses a report whose launch count differs from the
+`run --extras '{"family": {"label": "kernel.py"}}'` profiles kernel files (e.g. a knob variant) beside the root in
+that family's cells. Each labelled call must be a single launch. `summarize` refuses a report whose launch count differs from the
 order's. `benchmarks/gpu_session.sh rowwise_ncu CELLS` does both, for both cache modes, in one device call.
 `run --dry-run` exercises the calls on the CPU under the interpreter (no profiler).
 """
@@ -40,12 +41,15 @@ SINGLE_LAUNCH = ("liger", "root_inplace", "root_rows", "root_separate")
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum")
 
 
-def calls_for(cell: str, rowwise, liger) -> list[tuple[str, object]]:
+def calls_for(cell: str, rowwise, liger, extras: dict[str, str] | None = None) -> list[tuple[str, object]]:
     """[(label, zero-argument call)] for one `family:workload` cell: our root on the family's bench inputs first,
-    then each single-launch peer on the rowwise bench's inputs."""
+    then each `extras` kernel file {label: path} of the family the same way, then each single-launch peer on the
+    rowwise bench's inputs."""
     import importlib
 
     import yaml
+
+    from tik_evo.candidate import load_module
 
     family, _, name = cell.partition(":")
     if family not in rowwise.FAMILIES:
@@ -61,7 +65,9 @@ def calls_for(cell: str, rowwise, liger) -> list[tuple[str, object]]:
     fam_mod = importlib.import_module(f"kernels.{family}.family")
     impl = rowwise.load_root(family)
     peers = rowwise.peer_set(family, w, liger, fam_mod, 123, impl)
-    return [(f"{cell} root", fam.make_bench(impl, w, 0, rowwise.DEVICE).run)] + [
+    ours = {"root": impl, **{label: load_module(Path(path), f"{family}_{label}")
+                             for label, path in (extras or {}).items()}}
+    return [(f"{cell} {label}", fam.make_bench(m, w, 0, rowwise.DEVICE).run) for label, m in ours.items()] + [
         (f"{cell} {k}", peers[k]) for k in SINGLE_LAUNCH if k in peers]
 
 
@@ -75,7 +81,8 @@ def run(args: argparse.Namespace) -> None:
     if args.dry_run:  # the families' tiny workloads/<family>_cpu.yaml cells
         rowwise._dry_run_setup()
     liger = rowwise.load_liger()
-    calls = [c for cell in args.cells.split(",") if cell for c in calls_for(cell, rowwise, liger)]
+    calls = [c for cell in args.cells.split(",") if cell
+             for c in calls_for(cell, rowwise, liger, (args.extras or {}).get(cell.partition(":")[0]))]
     sync = torch.cuda.synchronize if rowwise.DEVICE == "cuda" else (lambda: None)
     for _, fn in calls:  # compile and warm outside the profiled window
         fn()
@@ -144,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run each cell's implementations, alternated, inside the profiled window")
     r.add_argument("--cells", required=True, help="family:workload,... (workloads/<family>_models.yaml names)")
+    r.add_argument("--extras", type=json.loads, default=None,
+                   help='JSON {family: {label: kernel file}}: profiled beside the root in that family\'s cells')
     r.add_argument("--reps", type=int, default=7)
     r.add_argument("--order", required=True, help="JSON written here: the launches' labels in order")
     r.add_argument("--dry-run", action="store_true",

@@ -176,10 +176,13 @@ def test_the_ncu_comparison_labels_each_launch_and_refuses_a_miscounted_report(t
 
     tool = load_module(ROOT / "benchmarks" / "rowwise_ncu.py", "rowwise_ncu")
     order = tmp_path / "order.json"
+    warps4 = tmp_path / "rope_w4.py"
+    warps4.write_text(_variant("rope", DECODE_NUM_WARPS=4))
     assert tool.main(["run", "--dry-run", "--cells", "rope:decode.B3xC50,silu_mul:decode.B3xI600", "--reps", "2",
-                      "--order", str(order)]) == 0
+                      "--extras", json.dumps({"rope": {"w4": str(warps4)}}), "--order", str(order)]) == 0
     labels = json.loads(order.read_text())["order"]
-    assert labels[:2] == ["rope:decode.B3xC50 root", "rope:decode.B3xC50 root_inplace"]
+    assert labels[:3] == ["rope:decode.B3xC50 root", "rope:decode.B3xC50 w4", "rope:decode.B3xC50 root_inplace"]
+    assert "silu_mul:decode.B3xI600 w4" not in labels  # a family's extras go to its own cells only
     assert len(labels) == 2 * len(set(labels)) and labels[len(labels) // 2:] == labels[:len(labels) // 2]
 
     def export(rows):  # ncu --page raw --csv: a header, a units row, one row per launch
@@ -190,7 +193,7 @@ def test_the_ncu_comparison_labels_each_launch_and_refuses_a_miscounted_report(t
         return ["summarize", "--csv", str(tmp_path / "r.csv"), "--order", str(order), "--out", str(tmp_path / "x.json")]
 
     kernel = lambda label: "_rope_kernel" if label.startswith("rope") else "_silu_mul_kernel"  # noqa: E731
-    times = {"root": 2000, "root_inplace": 1000, "root_rows": 4000, "root_separate": 2000}
+    times = {"root": 2000, "w4": 2000, "root_inplace": 1000, "root_rows": 4000, "root_separate": 2000}
     assert tool.main(export([(kernel(lb), times[lb.rpartition(" ")[2]]) for lb in labels])) == 0
     cells = json.loads((tmp_path / "x.json").read_text())["cells"]
     rope = cells["rope:decode.B3xC50"]
