@@ -13,9 +13,9 @@ not their absolute values.
     python3 benchmarks/rowwise_ncu.py summarize --csv R.csv --order O.json --out X.json
 
 `run --extras '{"family": {"label": "kernel.py"}}'` profiles kernel files (e.g. a knob variant) beside the root in
-that family's cells. Each labelled call must be a single launch. `summarize` refuses a report whose launch count differs from the
-order's. `benchmarks/gpu_session.sh rowwise_ncu CELLS` does both, for both cache modes, in one device call.
-`run --dry-run` exercises the calls on the CPU under the interpreter (no profiler).
+that family's cells, after the rowwise bench's checks. Each labelled call must be a single launch. `summarize`
+refuses a report whose launch count differs from the order's. `benchmarks/gpu_session.sh rowwise_ncu CELLS` does
+both, for both cache modes, in one device call. `run --dry-run` exercises the calls on the CPU under the interpreter (no profiler).
 """
 
 from __future__ import annotations
@@ -43,13 +43,12 @@ METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.
 
 def calls_for(cell: str, rowwise, liger, extras: dict[str, str] | None = None) -> list[tuple[str, object]]:
     """[(label, zero-argument call)] for one `family:workload` cell: our root on the family's bench inputs first,
-    then each `extras` kernel file {label: path} of the family the same way, then each single-launch peer on the
+    then each `extras` kernel file {label: path} of the family the same way (loaded and checked by the rowwise
+    bench: one that does not load is left out, failed checks are printed), then each single-launch peer on the
     rowwise bench's inputs."""
     import importlib
 
     import yaml
-
-    from tik_evo.candidate import load_module
 
     family, _, name = cell.partition(":")
     if family not in rowwise.FAMILIES:
@@ -65,8 +64,12 @@ def calls_for(cell: str, rowwise, liger, extras: dict[str, str] | None = None) -
     fam_mod = importlib.import_module(f"kernels.{family}.family")
     impl = rowwise.load_root(family)
     peers = rowwise.peer_set(family, w, liger, fam_mod, 123, impl)
-    ours = {"root": impl, **{label: load_module(Path(path), f"{family}_{label}")
-                             for label, path in (extras or {}).items()}}
+    checked: dict = {}
+    ours = {"root": impl, **rowwise.load_extras(family, fam, extras or {}, checked)}
+    for label, info in checked.get("extras", {}).items():
+        c = info.get("consistency")
+        if c and c["failed"]:
+            print(f"{cell} {label}: {len(c['failed'])} of {c['checks']} checks failed; profiled anyway", flush=True)
     return [(f"{cell} {label}", fam.make_bench(m, w, 0, rowwise.DEVICE).run) for label, m in ours.items()] + [
         (f"{cell} {k}", peers[k]) for k in SINGLE_LAUNCH if k in peers]
 
