@@ -15,7 +15,8 @@ not their absolute values.
 `run --extras '{"family": {"label": "kernel.py"}}'` profiles kernel files (e.g. a knob variant) beside the root in
 that family's cells, after the rowwise bench's checks. Each labelled call must be a single launch. `summarize`
 refuses a report whose launch count differs from the order's. `benchmarks/gpu_session.sh rowwise_ncu CELLS` does
-both, for both cache modes, in one device call. `run --dry-run` exercises the calls on the CPU under the interpreter (no profiler).
+both, for both cache modes, in one device call. `run --dry-run` exercises the calls on the CPU under the
+interpreter (no profiler).
 """
 
 from __future__ import annotations
