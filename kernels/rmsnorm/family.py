@@ -24,8 +24,9 @@ class RMSNormFamily(Family):
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "hidden"), "decode": ("batch", "hidden")}
     knobs = (
-        Knob("BLOCK_H", (128, 256, 512, 1024, 2048, 4096), "contract",
-             "reduction chunk width; changes the order of the row sum, so both paths change together"),
+        Knob("BLOCK_H", (0, 128, 256, 512, 1024, 2048, 4096), "contract",
+             "reduction chunk width (0: the whole row, next power of two of the width); changes the order of "
+             "the row sum, so both paths change together"),
         Knob("NUM_WARPS", (1, 2, 4, 8, 16), "contract", "warps reducing one row; changes the row sum's bits"),
         Knob("FULL_ROWS_PER_PROGRAM", (1, 2, 4, 8), "full", "rows handled by one program in the full path"),
         Knob("FULL_NUM_STAGES", (1, 2, 3), "full", "software pipelining depth of the full path"),

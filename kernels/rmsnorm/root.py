@@ -10,16 +10,17 @@ import triton
 import triton.language as tl
 
 try:  # tik-evo's launch path and grid arithmetic; used alone, this file takes Triton's (same kernels, same bits)
-    from tik_evo.launch import cdiv, fast
+    from tik_evo.launch import cdiv, fast, pow2
 except ImportError:
     from triton import cdiv
+    from triton import next_power_of_2 as pow2
 
     def fast(kernel):
         return kernel
 
 
 KNOBS = {
-    "BLOCK_H": 4096,
+    "BLOCK_H": 0,
     "NUM_WARPS": 4,
     "FULL_ROWS_PER_PROGRAM": 1,
     "FULL_NUM_STAGES": 1,
@@ -72,12 +73,19 @@ def _rms_rows_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, n_rows, H, eps,
             _rms_row(x_ptr, w_ptr, y_ptr, y32_ptr, row, H, eps, BLOCK_H, WRITE32)
 
 
+def _block_h(hidden: int) -> int:
+    # 0 means "the whole row in one chunk": the next power of two of the width (depends on the width only).
+    b = KNOBS["BLOCK_H"]
+    return pow2(hidden) if b == 0 else b
+
+
 def _launch(x, weight, eps, out, out32, rows_per_program, num_stages):
     n_rows, hidden = x.shape
+    block = _block_h(hidden)
     grid = (cdiv(n_rows, rows_per_program),)
     fast(_rms_rows_kernel)[grid](
         x, weight, out, out32 if out32 is not None else out, n_rows, hidden, eps,
-        ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=KNOBS["BLOCK_H"], WRITE32=out32 is not None,
+        ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block, WRITE32=out32 is not None,
         num_warps=KNOBS["NUM_WARPS"], num_stages=num_stages,
     )
 

@@ -184,7 +184,7 @@ def test_mismatched_contract_caught(tmp_path):
     knobs = read_knobs(ROOT_SRC)
     # Few-row launches (decode) reduce in 64-wide chunks, the full path in 128-wide ones.
     src = write_knobs(ROOT_SRC, {**knobs, "BLOCK_H": 128}).replace(
-        'BLOCK_H=KNOBS["BLOCK_H"]', 'BLOCK_H=KNOBS["BLOCK_H"] if x.shape[0] > 6 else 64')
+        'BLOCK_H=block,', 'BLOCK_H=block if x.shape[0] > 6 else 64,')
     out = audit(tmp_path, src)
     assert out.failure_kind == "consistency", out.failure
     failed = [c for s in out.stages for c in s["checks"] if not c["passed"]]

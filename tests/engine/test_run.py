@@ -135,7 +135,7 @@ def test_run_starts_from_the_campaign_start(tmp_path, capsys):
     assert "with start {'FULL_ROWS_PER_PROGRAM': 4}" in capsys.readouterr().err  # the progress log
     with Store.open_reader(run) as s:
         root = s.get("I0")
-        assert root.knobs["FULL_ROWS_PER_PROGRAM"] == 4 and root.knobs["BLOCK_H"] == 4096
+        assert root.knobs["FULL_ROWS_PER_PROGRAM"] == 4 and root.knobs["BLOCK_H"] == 0  # the rest: the root's
     capsys.readouterr()
     assert main(["status", str(run)]) == 0
     assert "root with start {'FULL_ROWS_PER_PROGRAM': 4}" in " ".join(capsys.readouterr().out.split())

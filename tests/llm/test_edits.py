@@ -47,7 +47,7 @@ def test_search_not_found_and_ambiguous():
 
 
 def test_whole_file_answer_and_bad_json():
-    text = "```json\n{not json}\n```\n```python\n" + ROOT_SOURCE.replace('"BLOCK_H": 4096', '"BLOCK_H": 512') + "```"
+    text = "```json\n{not json}\n```\n```python\n" + ROOT_SOURCE.replace('"BLOCK_H": 0', '"BLOCK_H": 512') + "```"
     ans = parse_answer(text)
     src, how = apply_answer(ROOT_SOURCE, ans)
     assert how == ["file"] and '"BLOCK_H": 512' in src and ans.scope is None

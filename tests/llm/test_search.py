@@ -18,8 +18,8 @@ FULL_STAGES = ('    "FULL_NUM_STAGES": 1,', '    "FULL_NUM_STAGES": 2,')
 SPLIT_BLOCK_H = [
     ("def _launch(x, weight, eps, out, out32, rows_per_program, num_stages):",
      "def _launch(x, weight, eps, out, out32, rows_per_program, num_stages, block_h=None):"),
-    ('ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=KNOBS["BLOCK_H"], WRITE32=out32 is not None,',
-     'ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block_h or KNOBS["BLOCK_H"], WRITE32=out32 is not None,'),
+    ('ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block, WRITE32=out32 is not None,',
+     'ROWS_PER_PROGRAM=rows_per_program, BLOCK_H=block_h or block, WRITE32=out32 is not None,'),
     ('KNOBS["DECODE_ROWS_PER_PROGRAM"], KNOBS["DECODE_NUM_STAGES"])',
      'KNOBS["DECODE_ROWS_PER_PROGRAM"], KNOBS["DECODE_NUM_STAGES"], block_h=128)'),
 ]
