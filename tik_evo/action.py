@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from tik_evo.family import Family
+from tik_evo.neighbours import one_knob_moves, tried_moves
 from tik_evo.operators import make_operator
 from tik_evo.operators.base import ActionContext, Operator, Proposal
 from tik_evo.records import Opportunity
@@ -48,11 +49,43 @@ class Actor:
         return out
 
     def choose(self, state: dict[str, Any]) -> Choice:
+        if self.cfg.search.neighbours:
+            self._queue_move(state["best"])
         pending = [self.store.get(o) for o in state["pending_opportunities"]]
         trial = self.scheduler.ask()
+        while trial.user_attrs.get("parent", state["best"]) != state["best"]:
+            # A move queued for a former best (a run stopped between queueing and asking): not taken.
+            self.scheduler.tell(trial.number, None, note="one-knob move of a former best, not taken")
+            trial = self.scheduler.ask()
         usable = [o for o in pending if any(self.operator(n).usable(o) for n in self.scheduler.kinds)]
         op, opp, parent = self.scheduler.choose(trial, state["frontier"], usable, state["best"])
         return Choice(trial, op, opp, parent)
+
+    def _queue_move(self, best: str) -> None:
+        """Queue the best's next one-knob move (see `tik_evo.neighbours`) for the coming ask. The moves left
+        live in the run's state; a new best replaces them with its own, not yet tried in the run. With other
+        operators enabled, moves take every other step so those operators are not kept waiting."""
+        moves, note = self.store.state().get("moves"), ""
+        if moves is None or moves["of"] != best:
+            # The root's values count as tried: moving back to one repeats the root's own measurement.
+            tried = tried_moves(self.store.all("A"))
+            tried |= {(k, repr(v)) for k, v in (self.store.get("I0").knobs or {}).items()}
+            left = one_knob_moves(self.family, self.store.get(best).knobs or {}, self.store.all("O"),
+                                  self.scheduler.kinds.get("knob", []), self.cfg.search.neighbours, tried)
+            moves = {"of": best, "left": left, "skip": False}
+            note = f"{len(left)} one-knob moves of {best} queued ahead of the sampler" if left else ""
+        elif not moves["left"]:
+            return
+        if moves["left"]:
+            if moves["skip"] and not set(self.scheduler.kinds) <= {"knob"}:
+                moves["skip"] = False
+            else:
+                self.scheduler.queue([moves["left"].pop(0)], best)
+                moves["skip"] = True
+        with self.store.transaction() as txn:
+            txn.state["moves"] = moves
+            if note:
+                txn.event("scheduler", note)
 
     def propose(self, choice: Choice) -> tuple[Proposal, float]:
         t0 = time.time()

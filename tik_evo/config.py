@@ -71,6 +71,7 @@ class SearchConfig:
     archive_factor: float = 1.25  # verified offspring slower than this x best go straight to the archive
     max_duplicates: int = 200  # proposals that repeat an existing source (not audited) before stopping
     split_bundles: bool = True  # retry each knob of a faster but over-limit multi-knob offspring alone
+    neighbours: int = 32  # one-knob moves of each new best tried before the sampler's draws (0: none)
 
 
 @dataclass
@@ -280,6 +281,8 @@ def _validate(cfg: DictConfig, path: Path) -> None:
         raise ConfigError(f"{path}: key 'evaluate.gpus': {gpus}: device indices, each at most once")
     if cfg.evaluate.check_procs < 0:
         raise ConfigError(f"{path}: key 'evaluate.check_procs': must be 0 (auto) or a positive count")
+    if cfg.search.neighbours < 0:
+        raise ConfigError(f"{path}: key 'search.neighbours': must be 0 (off) or a positive count")
     for key in ("search.max_evaluations", "search.kappa_threshold", "search.frontier_size"):
         if OmegaConf.select(cfg, key) < 1:
             raise ConfigError(f"{path}: key {key!r}: must be at least 1")

@@ -62,11 +62,19 @@ class Scheduler:
         # Oldest first, so opportunities proposed later (follow-ups) wait their turn rather than starve.
         opportunity = sorted(candidates, key=lambda o: (o.uses, int(o.id[1:])))[0]
         rank = trial.suggest_int("parent_rank", 0, max(0, self.cfg.search.frontier_size - 1))
+        named = trial.user_attrs.get("parent")  # a queued move names its parent (see `queue`)
         if not self.cfg.ablation.lineage_management or not frontier:
             parent = best
+        elif named in frontier:
+            parent = named
         else:
             parent = frontier[rank % len(frontier)]
         return op, opportunity, parent
+
+    def queue(self, params: list[dict], parent: str) -> None:
+        """Trials with these fixed parameters, from ``parent``, handed out before the sampler draws again."""
+        for p in params:
+            self.study.enqueue_trial(p, user_attrs={"parent": parent})
 
     @staticmethod
     def _matches(opportunity: Opportunity, kind: str) -> bool:

@@ -99,7 +99,7 @@ def test_run_splits_a_faster_over_limit_bundle_and_tries_its_knobs(tmp_path, mon
     monkeypatch.setattr(lineage, "judge", over_limit)
     run = tmp_path / "run"
     rc = main(["run", str(ROOT_DIR / "campaigns" / "quickstart.yaml"), f"store.path={run}", "search.sampler=random",
-               "search.max_evaluations=6", "search.seed=3", "--quiet"])
+               "search.max_evaluations=6", "search.seed=3", "search.neighbours=0", "--quiet"])
     assert rc == 0
     with Store.open_reader(run) as s:
         actions = {a.id: a for a in s.all("A")}
