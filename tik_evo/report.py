@@ -70,6 +70,9 @@ def status(store: Store) -> Group:
                      f"speed-up {st['root_objective'] / st['best_objective']:.3f}x")
     head.add_row("κ", str(st["kappa"]))
     head.add_row("evaluations", f"{st['evaluations']} audited, {st['duplicates']} repeats/no-change")
+    moves = st.get("moves")
+    if moves:  # search.neighbours: the best's one-knob moves still to try before the sampler's draws
+        head.add_row("one-knob moves", f"{len(moves['left'])} of {moves['of']}'s left")
     per_gpu = Counter(a.device.get("gpu_index") for a in audits.values() if a.device.get("gpu_index") is not None)
     if len(per_gpu) > 1:  # concurrent audits (evaluate.gpus)
         head.add_row("audits per GPU", ", ".join(f"GPU {g}: {n}" for g, n in sorted(per_gpu.items())))

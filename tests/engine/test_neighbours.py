@@ -65,7 +65,7 @@ def test_tried_moves_counts_single_knob_actions_only():
 
 
 @pytest.mark.slow
-def test_run_tries_one_knob_moves_first_and_each_once(tmp_path):
+def test_run_tries_one_knob_moves_first_and_each_once(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={run}",
                  "search.max_evaluations=8", "search.kappa_threshold=30", "--quiet"]) == 0
@@ -82,6 +82,9 @@ def test_run_tries_one_knob_moves_first_and_each_once(tmp_path):
         if first_promoted is None:
             assert all(a.parents == ["I0"] for a in actions)
         assert any("one-knob moves of I0 queued" in e["text"] for e in s.events())
+    capsys.readouterr()
+    assert main(["status", str(run)]) == 0
+    assert "one-knob moves" in capsys.readouterr().out
 
     off = tmp_path / "off"
     assert main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={off}", "search.neighbours=0",
