@@ -148,3 +148,15 @@ async def test_interpreter_timings_are_labelled_and_finished_run_browses(interp_
         await pilot.press("4")
         await pilot.pause()
         assert "(interpreter wall clock)" in text(app)
+
+
+@sync
+async def test_run_bar_counts_the_one_knob_moves_left(live_run, text):
+    from tik_evo.store import Store
+
+    with Store.open_writer(live_run) as s, s.transaction() as txn:
+        txn.state["moves"] = {"of": "I3", "left": [{"knob.BLOCK_H": 0}] * 3, "skip": False}
+    app = TikEvoApp(live_run)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "κ 2/4  moves 3 left" in text(app).splitlines()[0]

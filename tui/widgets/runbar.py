@@ -25,6 +25,9 @@ class RunBar(Static):
             t.append(f"{best} {fmt_x(view.speedup(best))}", style="bold green")
         thr = view.config.kappa_threshold
         t.append(f"  κ {st.get('kappa', 0)}/{thr if thr is not None else '?'}")
+        left = (st.get("moves") or {}).get("left")
+        if left:  # search.neighbours: one-knob moves of the best still queued ahead of the sampler
+            t.append(f"  moves {len(left)} left")
         if view.any_interp:
             t.append("  INTERPRETER TIMINGS", style="bold red")
         self.update(t)
