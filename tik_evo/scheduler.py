@@ -55,17 +55,21 @@ class Scheduler:
             op = operators[0]
         kind = trial.suggest_categorical(f"opportunity.{op}", self.kinds[op])
         # Split bundles go first whatever kind was drawn: they are one-shot checks of a change already measured
-        # as faster, and the kind that produced them was just told a poor (over-limit) value.
+        # as faster, and the kind that produced them was just told a poor (over-limit) value. A queued one-knob
+        # move (it names its parent) keeps its own opportunity: a split would fix another knob in its place.
+        named = trial.user_attrs.get("parent")
         splits = [o for o in pending if o.origin.startswith("split:") and o.kind in self.kinds[op]]
+        if named:
+            pending = [o for o in pending if o not in splits] or pending
+            splits = []
         candidates = splits or [o for o in pending if self._matches(o, kind)] or \
             [o for o in pending if any(self._matches(o, k) for k in self.kinds[op])]
         # Oldest first, so opportunities proposed later (follow-ups) wait their turn rather than starve.
         opportunity = sorted(candidates, key=lambda o: (o.uses, int(o.id[1:])))[0]
         rank = trial.suggest_int("parent_rank", 0, max(0, self.cfg.search.frontier_size - 1))
-        named = trial.user_attrs.get("parent")  # a queued move names its parent (see `queue`)
         if not self.cfg.ablation.lineage_management or not frontier:
             parent = best
-        elif named in frontier:
+        elif named in frontier:  # a queued move names its parent (see `queue`)
             parent = named
         else:
             parent = frontier[rank % len(frontier)]

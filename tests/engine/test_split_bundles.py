@@ -78,6 +78,10 @@ def test_scheduler_offers_split_under_its_family_kind_first(tmp_path):
     assert Scheduler._matches(split, "joint_tile") and not Scheduler._matches(split, "follow-up")
     picks = {(op, o.id) for op, o, _ in (s.choose(s.ask(), ["I0"], [used, split], "I0") for _ in range(12))}
     assert ("knob", "O9") in picks and ("knob", "O3") not in picks
+    # A queued one-knob move keeps its family opportunity and its named parent; the split waits its turn.
+    s.queue([{"operator": "knob", "opportunity.knob": "joint_tile", "knob.NUM_WARPS": 2}], "I1")
+    assert [(op, o.id, parent) for op, o, parent in [s.choose(s.ask(), ["I0", "I1"], [used, split], "I0")]] == \
+        [("knob", "O3", "I1")]
 
 
 @pytest.mark.slow
