@@ -125,7 +125,7 @@ def start_changes(cfg: DictConfig, family: Family) -> dict[str, Any]:
 def source_with(family: Family, changes: dict[str, Any]) -> str:
     """The family's root source with knob changes written into its KNOBS."""
     source = family.root_source()
-    return write_knobs(source, {**read_knobs(source), **changes}) if changes else source
+    return write_knobs(source, {**read_knobs(source), **changes})
 
 
 def start_source(cfg: DictConfig, family: Family) -> str:

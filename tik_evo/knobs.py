@@ -46,5 +46,22 @@ def write_knobs(source: str, knobs: dict[str, Any]) -> str:
     lines = source.splitlines(keepends=True)
     start, end = node.lineno - 1, node.end_lineno  # type: ignore[attr-defined]
     # One entry per line, so a knob change is a one-line diff.
-    new = "KNOBS = {\n" + "".join(f"    {k!r}: {v!r},\n" for k, v in knobs.items()) + "}\n"
+    new = "KNOBS = {\n" + "".join(f"    {_literal(k)}: {_literal(v)},\n" for k, v in knobs.items()) + "}\n"
     return "".join(lines[:start]) + new + "".join(lines[end:])
+
+
+def _literal(value: Any) -> str:
+    """``repr``, but plain strings in double quotes as the kernel files write them, so a root's own KNOBS
+    rewritten with its own values is the root byte for byte (one source, one hash, one audit)."""
+    if isinstance(value, str) and not any(c in value for c in "\"\\'\n"):
+        return f'"{value}"'
+    return repr(value)
+
+
+def canonical_source(source: str) -> str:
+    """``source`` with its KNOBS written as `write_knobs` writes them (unchanged if it has none readable): two
+    sources that differ only in how the same KNOBS are laid out get the same text and so the same hash."""
+    try:
+        return write_knobs(source, read_knobs(source))
+    except KnobsError:
+        return source

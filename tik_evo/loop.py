@@ -15,7 +15,7 @@ from tik_evo import lineage
 from tik_evo.action import Actor, Choice
 from tik_evo.audit import AuditJob, AuditOutcome, audit_slots, close_executors, run_audit, source_file, static_scan
 from tik_evo.family import Family
-from tik_evo.knobs import knobs_or_none
+from tik_evo.knobs import canonical_source, knobs_or_none
 from tik_evo.operators.base import Proposal
 from tik_evo.records import Action, Audit, Implementation, Opportunity
 from tik_evo.scheduler import Scheduler, trial_value
@@ -185,6 +185,8 @@ class Search:
         pending = Pending(choice, proposal, t0, t_op, best=st["best"])
         if proposal.source is None:
             return pending
+        # Same KNOBS laid out differently (an LLM rewrite, a hand-formatted file) is the same source: one audit.
+        proposal.source = canonical_source(proposal.source)
         pending.h = h = source_hash(proposal.source)
         pending.existing = st["sources"].get(h)
         if pending.existing is None and in_flight is not None and h in in_flight:

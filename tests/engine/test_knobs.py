@@ -45,3 +45,25 @@ def test_variant_knobs_outside_the_space_are_named():
         FAMILY.check_knobs({"FULL_PERSISTENT": 1}, "variant 'p1'")
     with pytest.raises(ValueError, match="variant 'x': family 'linear' has no knob 'NO_SUCH'"):
         FAMILY.check_knobs({"NO_SUCH": 1}, "variant 'x'")
+
+
+def test_canonical_source_gives_one_text_for_one_knob_set():
+    from tik_evo.knobs import canonical_source
+
+    other = SRC.replace('KNOBS = {"A": 1, "B": "x"}', "KNOBS = {'A':   1,\n         'B': 'x'}  # hand-written")
+    assert other != SRC and canonical_source(other) == canonical_source(SRC)
+    assert canonical_source(canonical_source(SRC)) == canonical_source(SRC)
+    assert canonical_source("no knobs here\n") == "no knobs here\n"
+    quoted = write_knobs(SRC, {"A": 'say "hi"', "B": "it's"})  # strings that need repr's quoting
+    assert read_knobs(quoted) == {"A": 'say "hi"', "B": "it's"}
+
+
+@pytest.mark.parametrize("name", ["rmsnorm", "add_rmsnorm", "qk_rmsnorm", "rope", "silu_mul", "kv_append",
+                                  "embedding", "logprob", "moe_routing", "linear", "attention"])
+def test_every_root_is_written_as_the_knob_operator_writes(name):
+    # A knob offspring that puts back the root's values must hash as the root, not be audited again.
+    from tik_evo.families import load_family
+    from tik_evo.knobs import canonical_source
+
+    source = load_family(name).root_source()
+    assert canonical_source(source) == source

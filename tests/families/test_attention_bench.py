@@ -30,7 +30,7 @@ def test_bench_names_a_kernel_file_it_cannot_use(tmp_path, capsys):
     from kernels.attention import bench
 
     bad_knob = tmp_path / "bad_knob.py"
-    bad_knob.write_text(with_knobs(FAMILY.root_source(), BLOCK_N=128).replace("'BLOCK_N': 128", "'BLOCK_N': 96"))
+    bad_knob.write_text(with_knobs(FAMILY.root_source(), BLOCK_N=128).replace('"BLOCK_N": 128', '"BLOCK_N": 96'))
     no_knobs = tmp_path / "no_knobs.py"
     no_knobs.write_text("def prefill(): pass\n")
     for path, message in ((tmp_path / "missing.py", "No such file or directory"),

@@ -51,6 +51,16 @@ def test_contract_breaking_edit_is_caught_by_the_audit(run_copy, server):
     assert any(d.decision == "abandon" and d.impl == "I1" for d in store.all("D"))
 
 
+def test_knobs_laid_out_anew_repeat_the_parent_without_an_audit(run_copy, server):
+    search, store, _ = run_copy(server)
+    relaid = ('    "DECODE_NUM_STAGES": 1,', "    'DECODE_NUM_STAGES':   1,  # unchanged")
+    server.push({"content": answer(relaid, scope="decode", rationale="same knobs, new layout")})
+    search.step(store.state())
+    a = store.get("A0")
+    assert (a.outcome, a.offspring) == ("duplicate", "I0"), (a.outcome, a.error)
+    assert store.state()["counters"]["I"] == 1 and not store.all("U")[1:]
+
+
 def _add_verified_child(store, cfg, faster: float, change=STAGES, promoted=False) -> None:
     """An audited, verified, non-promoted offspring of I0 (records only), decided by lineage.apply."""
     st = store.state()
