@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
+# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -128,6 +128,9 @@ while [ $# -gt 0 ]; do
       timeout 300 python3 benchmarks/norm_backward_gpu.py --out "$OUT/norm_backward.json" 2>&1 | tail -8 ;;
     policy_glue)  # the policy step's glue kernels (MoE combine, dispatch, embedding backward, packed attention) vs the torch they replaced
       timeout 200 python3 benchmarks/policy_glue_gpu.py --out "$OUT/policy_glue.json" 2>&1 | tail -12 ;;
+    knob_moves) f=$1; shift  # every one-knob move of the roots of FAMILIES (or all) through the families' checks
+      timeout $(( ${MOVES_BUDGET_S:-400} + 60 )) python3 benchmarks/knob_moves_gpu.py "$f" --workers ${MOVES_WORKERS:-12} \
+        --budget-s ${MOVES_BUDGET_S:-400} --out "$OUT/knob_moves_$(echo "$f" | tr , _).json" 2>&1 | tail -40 ;;
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots
       timeout 400 python3 benchmarks/family_checks_gpu.py "$f" ${FAMILY_CHECKS_LARGE:+--large} ${FAMILY_CHECKS_GRAPHS:+--graphs} --out "$OUT/family_checks_$(echo "$f" | tr , _).json" 2>&1 | tail -30 ;;
     linear_backward)  # the dense linear backward (dedicated kernel, its tiles, transposed forward) vs cuBLAS

@@ -8,6 +8,7 @@ eagerly, puts its tensor arguments back as they were, captures the call in a gra
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +154,9 @@ class _Replayed:
         if name not in self._names:
             return fn
 
+        # wraps: families read an entry point's signature (e.g. whether it takes an optional argument), so the
+        # stand-in must show the function's own.
+        @functools.wraps(fn)
         def replayed(*args, **kwargs):
             return tallied(self._tally, name, fn, *args, capture=self._capture, **kwargs)
         return replayed

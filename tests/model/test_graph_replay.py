@@ -11,9 +11,10 @@ import torch
 
 from kernels.decoder import roots
 from kernels.moe_decoder import MoEDecoder, MoEShape
-from tik_evo.candidate import load_module
+from tik_evo.candidate import load_module, load_source
 from tik_evo.families import available, load_family
 from tik_evo.graph_replay import CaptureError, Rerun, audit_checks, replay_check
+from tik_evo.knobs import read_knobs, write_knobs
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 PEERS = load_module(BENCH / "model_peers.py", "model_peers")
@@ -127,6 +128,16 @@ def test_every_family_root_passes_the_graph_stage_on_the_cpu(name):
     assert all(c.passed for c in got), [(c.name, c.details) for c in got if not c.passed][:3]
     replays = [c for c in got if c.name.startswith("graph replay == eager call")]
     assert replays and all(c.details["written"] > 0 for c in replays), [(c.name, c.details) for c in replays]
+
+
+def test_the_graph_stage_shows_families_each_entry_points_own_signature():
+    # RoPE passes `inv_freq` only to entry points that take it (COS_SIN 'sincos' needs it); behind a stand-in
+    # with a bare (*args, **kwargs) signature that candidate raised in the graph stage of a GPU audit.
+    family = load_family("rope")
+    source = family.root_source()
+    impl = load_source(write_knobs(source, {**read_knobs(source), "COS_SIN": "sincos"}), "graph_rope_sincos")
+    got = audit_checks(family, impl, 0, "cpu")
+    assert all(c.passed for c in got), [(c.name, c.details) for c in got if not c.passed][:3]
 
 
 def test_keyword_and_tuple_arguments_are_put_back_too():
