@@ -80,9 +80,24 @@ def reference(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float | None
     return Check(name, ok, "reference", {"rel_l2": rel, "max_abs": max_abs, "tol": tol})
 
 
+# Tensors this large are benches' inputs, not check cases; drawing them on the CPU took seconds per GB (most of
+# an audit's timing stage for families with GB-sized workloads).
+DEVICE_DRAW_NUMEL = 1 << 22
+
+
+def draws_on_device(numel: int, device: str) -> bool:
+    return numel >= DEVICE_DRAW_NUMEL and str(device).startswith("cuda")
+
+
 def randn(shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype, device: str,
           scale: float = 1.0) -> torch.Tensor:
-    """Fresh random data from a seeded generator (on the CPU, so a seed gives the same data everywhere)."""
+    """Fresh random data from a seeded generator: on the CPU, so a seed gives the same data everywhere, except
+    bench-sized tensors on a GPU (`draws_on_device`), drawn there by a generator seeded from ``generator`` (the
+    same data for a seed on the same GPU and torch)."""
+    if draws_on_device(math.prod(shape), device):
+        dg = torch.Generator(device=device)
+        dg.manual_seed(int(torch.randint(0, 1 << 62, (1,), generator=generator)))
+        return (torch.randn(shape, generator=dg, dtype=torch.float32, device=device) * scale).to(dtype)
     t = torch.randn(shape, generator=generator, dtype=torch.float32) * scale
     return t.to(device=device, dtype=dtype)
 

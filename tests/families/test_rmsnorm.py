@@ -72,3 +72,16 @@ def test_bench_runs_and_verifies():
     b = FAM.make_bench(R.load_with_knobs(FAM), {"name": "t", "phase": "decode", "batch": 3, "hidden": 700}, 0, "cpu")
     b.run()
     assert all(c.passed for c in b.verify())
+
+
+def test_bench_sized_inputs_are_drawn_on_the_gpu_and_check_cases_on_the_cpu():
+    import torch
+
+    from tik_evo import checks
+
+    big = checks.DEVICE_DRAW_NUMEL
+    assert checks.draws_on_device(big, "cuda") and checks.draws_on_device(big, "cuda:1")
+    assert not checks.draws_on_device(big - 1, "cuda") and not checks.draws_on_device(big, "cpu")
+    # Below the line, and anywhere on the CPU: the seed's CPU stream, the same on every machine.
+    want = (torch.randn((3, 5), generator=checks.generator(4), dtype=torch.float32) * 2).to(torch.bfloat16)
+    assert torch.equal(checks.randn((3, 5), checks.generator(4), torch.bfloat16, "cpu", 2.0), want)
