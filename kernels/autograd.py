@@ -165,18 +165,21 @@ class KernelOps:
             return dq, dk, dqw, dkw
         return _apply("qk_rmsnorm", fwd, bwd, q, k, q_weight, k_weight)
 
-    def rope(self, q, k, cos, sin, positions):
+    def rope(self, q, k, cos, sin, positions, inv_freq=None):
+        from kernels.rope.family import inv_freq_kwargs
+
         rope = self.k["rope"]
 
         def fwd(q, k, cos, sin, positions):
             qr, kr = torch.empty_like(q), torch.empty_like(k)
-            rope.rope_full(q, k, cos, sin, positions, qr, kr)
+            rope.rope_full(q, k, cos, sin, positions, qr, kr, **inv_freq_kwargs(rope.rope_full, inv_freq))
             return qr, kr
 
         def bwd(inputs, _, gq, gk):
             q, k, cos, sin, positions = inputs
             dq, dk = torch.empty_like(q), torch.empty_like(k)
-            rope.rope_backward(gq.contiguous(), gk.contiguous(), cos, sin, positions, dq, dk)
+            rope.rope_backward(gq.contiguous(), gk.contiguous(), cos, sin, positions, dq, dk,
+                               **inv_freq_kwargs(rope.rope_backward, inv_freq))
             return dq, dk, None, None, None
         return _apply("rope", fwd, bwd, q, k, cos, sin, positions)
 
@@ -304,7 +307,7 @@ class TorchOps:
     def qk_rmsnorm(self, q, k, q_weight, k_weight, eps):
         return _rms(q, q_weight, eps), _rms(k, k_weight, eps)
 
-    def rope(self, q, k, cos, sin, positions):
+    def rope(self, q, k, cos, sin, positions, inv_freq=None):  # the table is the reference; inv_freq is not used
         c, s = cos[positions.long()][:, None, :], sin[positions.long()][:, None, :]  # [tokens, 1, dim / 2]
 
         def rot(t):

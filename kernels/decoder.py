@@ -58,10 +58,19 @@ def with_sets(sets: dict[str, str], where: str = "decoder",
     return impls
 
 
+def rope(model, path: str, q, k, positions, q_out, k_out) -> None:
+    """The model's RoPE kernel on its cos/sin table, given the table's frequencies too where the entry point takes
+    them (a kernel computing cos/sin itself, COS_SIN "sincos", needs them)."""
+    from kernels.rope.family import inv_freq_kwargs
+
+    kw = inv_freq_kwargs(getattr(model.k["rope"], f"rope_{path}"), model.inv_freq)
+    model._op("rope", path, q, k, model.cos, model.sin, positions, q_out, k_out, **kw)
+
+
 class TinyDecoder:
     def __init__(self, shape: Shape, seed: int, device: str, impls: dict[str, ModuleType] | None = None,
                  temperature: float = 1.0):
-        from kernels.rope.family import rope_table
+        from kernels.rope.family import inv_freq, rope_table
 
         self.s, self.device = shape, device
         self.temperature = temperature  # the sampling temperature; the trainer must apply the same one
@@ -81,15 +90,19 @@ class TinyDecoder:
         self.w_down = w(s.hidden, s.intermediate)
         self.w_lm = w(s.vocab, s.hidden, scale=4.0)
         self.cos, self.sin = rope_table(s.max_pos, s.head_dim, s.theta, None, device)
+        self.inv_freq = inv_freq(s.head_dim, s.theta).to(device)  # the table's frequencies: COS_SIN "sincos" kernels
 
     # -- one op, either path ---------------------------------------------------------------------------------
-    def _op(self, family: str, path: str, *args):
-        return getattr(self.k[family], f"{family}_{path}")(*args)
+    def _op(self, family: str, path: str, *args, **kwargs):
+        return getattr(self.k[family], f"{family}_{path}")(*args, **kwargs)
 
     def _linear(self, x: torch.Tensor, weight: torch.Tensor, path: str) -> torch.Tensor:
         out = torch.empty((x.shape[0], weight.shape[0]), device=self.device, dtype=torch.bfloat16)
         self._op("linear", path, x, weight, None, out)
         return out
+
+    def _rope(self, path: str, q, k, positions, q_out, k_out) -> None:
+        rope(self, path, q, k, positions, q_out, k_out)
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, path: str) -> torch.Tensor:
         out = torch.empty_like(x)
@@ -107,7 +120,7 @@ class TinyDecoder:
         k = qkv[:, nq:nq + nkv].reshape(-1, s.kv_heads, s.head_dim).contiguous()
         v = qkv[:, nq + nkv:].reshape(-1, s.kv_heads, s.head_dim).contiguous()
         q_r, k_r = torch.empty_like(q), torch.empty_like(k)
-        self._op("rope", path, q, k, self.cos, self.sin, positions, q_r, k_r)
+        self._rope(path, q, k, positions, q_r, k_r)
         return h, q_r, k_r, v
 
     def _layer_out(self, h: torch.Tensor, attn: torch.Tensor, path: str) -> torch.Tensor:

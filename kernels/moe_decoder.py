@@ -28,7 +28,7 @@ from types import ModuleType, SimpleNamespace
 import torch
 
 from kernels.attention.autograd import prefill_packed
-from kernels.decoder import EPS, _heads_first, roots
+from kernels.decoder import EPS, _heads_first, roots, rope
 from kernels.moe_combine import combine
 
 FAMILIES = ("embedding", "rmsnorm", "add_rmsnorm", "qk_rmsnorm", "linear", "rope", "kv_append", "attention",
@@ -54,7 +54,7 @@ class MoEShape:
 class MoEDecoder:
     def __init__(self, shape: MoEShape, seed: int, device: str, impls: dict[str, ModuleType] | None = None,
                  temperature: float = 1.0, grouped_experts: bool = True):
-        from kernels.rope.family import rope_table
+        from kernels.rope.family import inv_freq, rope_table
 
         if shape.experts and not 0 < shape.top_k <= shape.experts:
             raise ValueError(f"MoEShape: top_k {shape.top_k} must be in 1..experts ({shape.experts})")
@@ -91,6 +91,7 @@ class MoEDecoder:
             setattr(self, name, [list(t.unbind(0)) for t in stacked])
         self.w_lm = w(s.vocab, s.hidden, scale=4.0)
         self.cos, self.sin = rope_table(s.max_pos, s.head_dim, s.theta, None, device)
+        self.inv_freq = inv_freq(s.head_dim, s.theta).to(device)  # the table's frequencies: COS_SIN "sincos" kernels
         self.expert_rows = 0  # tokens routed, summed over layers and calls (a check that the MoE path ran)
         self.ops = None  # while policy_logprobs runs: the differentiable family calls (kernels.autograd)
 
@@ -100,8 +101,8 @@ class MoEDecoder:
                 *self.w_o, *self.w_router, *self.w_gate_stacked, *self.w_up_stacked, *self.w_down_stacked, self.w_lm]
 
     # -- kernels, either path ------------------------------------------------------------------------------------
-    def _op(self, family: str, path: str, *args):
-        return getattr(self.k[family], f"{family}_{path}")(*args)
+    def _op(self, family: str, path: str, *args, **kwargs):
+        return getattr(self.k[family], f"{family}_{path}")(*args, **kwargs)
 
     def _empty(self, *dims: int, dtype=torch.bfloat16) -> torch.Tensor:
         return torch.empty(dims, device=self.device, dtype=dtype)
@@ -129,11 +130,11 @@ class MoEDecoder:
         q, k, v = (t.unflatten(1, (-1, s.head_dim)).contiguous() for t in qkv.split([nq, nkv, nkv], dim=1))
         if self.ops:
             qn, kn = self.ops.qk_rmsnorm(q, k, self.q_norm[layer], self.k_norm[layer], EPS)
-            return (*self.ops.rope(qn, kn, self.cos, self.sin, positions), v)
+            return (*self.ops.rope(qn, kn, self.cos, self.sin, positions, self.inv_freq), v)
         qn, kn = torch.empty_like(q), torch.empty_like(k)
         self._op("qk_rmsnorm", path, q, k, self.q_norm[layer], self.k_norm[layer], EPS, qn, kn)
         qr, kr = torch.empty_like(q), torch.empty_like(k)
-        self._op("rope", path, qn, kn, self.cos, self.sin, positions, qr, kr)
+        rope(self, path, qn, kn, positions, qr, kr)
         return qr, kr, v
 
     def _silu_mul(self, gate: torch.Tensor, up: torch.Tensor, path: str) -> torch.Tensor:
@@ -337,7 +338,7 @@ def hooked(m: MoEDecoder, wrap):
     prefill (and packed prefill, where the file has one) with path "full" and its decode with "decode"; the model
     is given back unwrapped. (policy_logprobs' calls go through its differentiable `ops` instead.)"""
     op, attn = m._op, m.k["attention"]
-    m._op = lambda family, path, *a: wrap(family, path, lambda *b: op(family, path, *b), *a)
+    m._op = lambda family, path, *a, **kw: wrap(family, path, lambda *b: op(family, path, *b, **kw), *a)
     entries = {n: path for n, path in (("prefill", "full"), ("prefill_packed", "full"), ("decode", "decode"))
                if hasattr(attn, n)}
     m.k = {**m.k, "attention": SimpleNamespace(**{

@@ -44,9 +44,9 @@ def reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.
     return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
 
 
-def inv_freq_kwargs(fn, inv: torch.Tensor) -> dict[str, torch.Tensor]:
+def inv_freq_kwargs(fn, inv: torch.Tensor | None) -> dict[str, torch.Tensor]:
     """``{"inv_freq": inv}`` when the entry point takes it (candidates older than the knob COS_SIN do not)."""
-    return {"inv_freq": inv} if takes(fn, "inv_freq") else {}
+    return {"inv_freq": inv} if inv is not None and takes(fn, "inv_freq") else {}
 
 
 def takes(fn, arg: str) -> bool:

@@ -46,6 +46,20 @@ def test_a_kernel_file_and_a_runs_best_replace_roots_in_the_model_and_keep_it_bi
     assert c["policy_vs_training_mismatches"] == c["policy_vs_rollout_mismatches"] == 0
 
 
+def test_a_rope_file_computing_cos_sin_itself_gets_the_frequencies_in_the_model(tmp_path):
+    # COS_SIN "sincos" (a campaign's best) needs the table's inverse frequencies: the model passes them to every
+    # RoPE call (rollout, training and the policy's forward and backward), and the bits still agree.
+    (tmp_path / "rope.py").write_text(variant("rope", COS_SIN="sincos"))
+    out = tmp_path / "policy.json"
+    rc = bench("policy_gpu").main(["--smoke", "--configs", "dense", "--no-step", "--kernel",
+                                   f"rope={tmp_path / 'rope.py'}", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert rc == 0 and result["kernels"]["rope"]["knobs"]["COS_SIN"] == "sincos"
+    c = result["configs"]["dense"]["checks"]
+    assert c["answer_tokens"] > 0
+    assert c["policy_vs_training_mismatches"] == c["policy_vs_rollout_mismatches"] == 0
+
+
 @pytest.mark.parametrize("script, args, message", [
     ("model_consistency_gpu", ["--kernel", "nope=x.py"], "--kernel nope=x.py: family 'nope' is not one of"),
     ("model_consistency_gpu", ["--model", "dense", "--kernel", "moe_routing={routing}"],
