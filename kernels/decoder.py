@@ -101,9 +101,6 @@ class TinyDecoder:
         self._op("linear", path, x, weight, None, out)
         return out
 
-    def _rope(self, path: str, q, k, positions, q_out, k_out) -> None:
-        rope(self, path, q, k, positions, q_out, k_out)
-
     def _norm(self, x: torch.Tensor, weight: torch.Tensor, path: str) -> torch.Tensor:
         out = torch.empty_like(x)
         self._op("rmsnorm", path, x, weight, EPS, out)
@@ -120,7 +117,7 @@ class TinyDecoder:
         k = qkv[:, nq:nq + nkv].reshape(-1, s.kv_heads, s.head_dim).contiguous()
         v = qkv[:, nq + nkv:].reshape(-1, s.kv_heads, s.head_dim).contiguous()
         q_r, k_r = torch.empty_like(q), torch.empty_like(k)
-        self._rope(path, q, k, positions, q_r, k_r)
+        rope(self, path, q, k, positions, q_r, k_r)
         return h, q_r, k_r, v
 
     def _layer_out(self, h: torch.Tensor, attn: torch.Tensor, path: str) -> torch.Tensor:
