@@ -86,6 +86,9 @@ def status(store: Store) -> Group:
     over = st.get("engine_overhead_s") or []
     if over:
         head.add_row("engine overhead", f"{statistics.mean(over) * 1e3:.1f} ms/step mean (store + scheduler)")
+    spent = audit_time(snap["U"], st.get("root"))
+    if spent:
+        head.add_row("audit time", spent)
     head.add_row("frontier / archive", f"{', '.join(st['frontier'])} / {', '.join(st['archive']) or '-'}")
     if st["finished"]:
         head.add_row("finished", st["finished"]["reason"])
@@ -106,6 +109,22 @@ def status(store: Store) -> Group:
                       f"{s:.3f}x", f"{st['limits'][n]['limit']:.2f}x")
         parts.append(t)
     return Group(*parts)
+
+
+def audit_time(audits: list[Any], root: str | None) -> str:
+    """The offspring's mean audit time and the stages that take it (a stage's mean over the audits that reached
+    it): where a search's wall time goes, e.g. timing many large workloads."""
+    spent = [a for a in audits if a.impl != root and a.seconds]
+    if not spent:
+        return ""
+    per_stage: dict[str, list[float]] = {}
+    for a in spent:
+        for stage in a.stages:
+            per_stage.setdefault(stage["name"], []).append(stage.get("seconds") or 0.0)
+    stages = ", ".join(f"{name} {statistics.mean(v):.1f} s" for name, v in per_stage.items()
+                       if statistics.mean(v) >= 0.05)
+    return f"{statistics.mean(a.seconds for a in spent):.1f} s mean over {len(spent)} offspring" + \
+        (f" ({stages})" if stages else "")
 
 
 def operator_accounting(actions: list[Any]) -> dict[str, tuple[int, int, int, int, float]]:

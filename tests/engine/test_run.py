@@ -306,3 +306,16 @@ def test_the_root_is_timed_on_each_gpu_and_a_gpu_that_fails_it_is_named(tmp_path
             anchor_gpus(store, load_campaign(run / "config.yaml", ["evaluate.timeout_s=0.01"]),
                         load_family("rmsnorm"), "cpu", log=lambda m: None, slots=[0, 1, 3])
         assert "3" not in store.state()["root_latencies_by_gpu"] and len(store.events()) == events
+
+
+def test_status_says_where_audit_time_goes():
+    from tik_evo.records import Audit
+    from tik_evo.report import audit_time
+
+    def audit(impl, seconds, timing):
+        return Audit(f"U{impl}", impl, [{"name": "small", "seconds": 1.0}, {"name": "static", "seconds": 0.0},
+                                        {"name": "timing", "seconds": timing}], seconds=seconds)
+
+    audits = [audit("I0", 40.0, 30.0), audit("I1", 5.0, 3.0), audit("I2", 7.0, 5.0)]
+    assert audit_time(audits, "I0") == "6.0 s mean over 2 offspring (small 1.0 s, timing 4.0 s)"
+    assert audit_time(audits[:1], "I0") == ""  # the root alone: nothing searched yet
