@@ -159,4 +159,4 @@ async def test_run_bar_counts_the_one_knob_moves_left(live_run, text):
     app = TikEvoApp(live_run)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        assert "κ 2/4  moves 3 left" in text(app).splitlines()[0]
+        assert "κ 2/4  moves 3 left  audit 5.5 s" in text(app).splitlines()[0]

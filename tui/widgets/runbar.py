@@ -30,4 +30,7 @@ class RunBar(Static):
             t.append(f"  moves {len(left)} left")
         if view.any_interp:
             t.append("  INTERPRETER TIMINGS", style="bold red")
+        spent = [a.seconds for a in view.audits.values() if a.impl != st.get("root") and a.seconds]
+        if spent:  # the offspring's mean audit: how fast the search can go (`tik-evo status` splits it by stage)
+            t.append(f"  audit {sum(spent) / len(spent):.1f} s")
         self.update(t)
