@@ -111,10 +111,15 @@ def status(store: Store) -> Group:
     return Group(*parts)
 
 
+def offspring_audits(audits: list[Any], root: str | None) -> list[Any]:
+    """The audits of the search's offspring that recorded their time (the root's, before any search, excluded)."""
+    return [a for a in audits if a.impl != root and a.seconds]
+
+
 def audit_time(audits: list[Any], root: str | None) -> str:
     """The offspring's mean audit time and the stages that take it (a stage's mean over the audits that reached
     it): where a search's wall time goes, e.g. timing many large workloads."""
-    spent = [a for a in audits if a.impl != root and a.seconds]
+    spent = offspring_audits(audits, root)
     if not spent:
         return ""
     per_stage: dict[str, list[float]] = {}

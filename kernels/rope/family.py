@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from types import ModuleType
@@ -49,6 +50,7 @@ def inv_freq_kwargs(fn, inv: torch.Tensor | None) -> dict[str, torch.Tensor]:
     return {"inv_freq": inv} if inv is not None and takes(fn, "inv_freq") else {}
 
 
+@functools.lru_cache(maxsize=1024)  # the model asks on every RoPE call; a signature costs microseconds to read
 def takes(fn, arg: str) -> bool:
     try:
         return arg in inspect.signature(fn).parameters

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
+from tik_evo.report import offspring_audits
 from tui.model import RunView, fmt_x
 
 
@@ -30,7 +31,7 @@ class RunBar(Static):
             t.append(f"  moves {len(left)} left")
         if view.any_interp:
             t.append("  INTERPRETER TIMINGS", style="bold red")
-        spent = [a.seconds for a in view.audits.values() if a.impl != st.get("root") and a.seconds]
+        spent = offspring_audits(list(view.audits.values()), st.get("root"))
         if spent:  # the offspring's mean audit: how fast the search can go (`tik-evo status` splits it by stage)
-            t.append(f"  audit {sum(spent) / len(spent):.1f} s")
+            t.append(f"  audit {sum(a.seconds for a in spent) / len(spent):.1f} s")
         self.update(t)
