@@ -81,8 +81,8 @@ def main() -> int:
     args = ap.parse_args()
     dev = args.device
     out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__, "triton": triton.__version__,
-           "rows": 64, "keys": 128, "cases": []}
+           "gpu": torch.cuda.get_device_name() if dev == "cuda" else dev, "torch": torch.__version__,
+           "triton": triton.__version__, "rows": 64, "keys": 128, "cases": []}
     totals: dict[str, int] = {}
     for head_d in (64, 128):
         for scale in (0.3, 1.0, 3.0):

@@ -58,7 +58,8 @@ def child(args) -> None:
 
 
 def spawn(family: str, knobs: dict, tasks: list[str], cache: str) -> subprocess.Popen:
-    env = {**os.environ, "TRITON_CACHE_DIR": cache, **({} if _cuda() else {"TRITON_INTERPRET": "1"}), "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "TRITON_CACHE_DIR": cache, **({} if _cuda() else {"TRITON_INTERPRET": "1"}),
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.Popen([sys.executable, __file__, "--child", "--family", family, "--child-knobs",
                              json.dumps(knobs), "--tasks", ",".join(tasks)], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -107,7 +108,8 @@ def main() -> int:
     n_cases = len(load_family(args.family).check_cases("full"))
     seeds = [int(s) for s in args.seeds.split(",")]
     all_tasks = [f"{c}:{s}" for c in range(n_cases) for s in seeds]
-    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+    report = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
               "torch": torch.__version__, "triton": triton.__version__, "family": args.family, "seeds": seeds,
               "cases": load_family(args.family).check_cases("full"), "runs": []}
     table = json.loads(Path(args.knobs).read_text() if args.knobs.endswith(".json") else args.knobs)
@@ -125,7 +127,8 @@ def main() -> int:
                 print(f"{name:>10} procs {n} {temp:>4}: wall {run['wall_s']:6.1f} s; checks "
                       f"{sum(t['checks'] for t in tasks)} ({sum(t['failed'] for t in tasks)} failed); per case "
                       + " ".join(f"{t['case']}:{t['seed']}={t['s']:.1f}" for t in run["tasks"])
-                      + (f"; import {totals[0]['import_s']:.1f} s, ready {totals[0]['ready_s']:.1f} s" if totals else "")
+                      + (f"; import {totals[0]['import_s']:.1f} s, "
+                         f"ready {totals[0]['ready_s']:.1f} s" if totals else "")
                       + (f"; ERRORS {errors}" if errors else ""), flush=True)
                 if args.out:
                     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -46,8 +46,8 @@ def root_on_each(cfg, slots: list[int], device: str, work: Path) -> dict:
     per_slot = {}
     for i, gpu in enumerate(slots):
         out = run_audit(work / f"root_gpu{gpu}_{i}", AuditJob(
-            family, src, source_hash(src), "I0", workloads, list(cfg.correctness.seeds), OmegaConf.to_container(cfg.evaluate),
-            device, gpu, slot=i))
+            family, src, source_hash(src), "I0", workloads, list(cfg.correctness.seeds),
+            OmegaConf.to_container(cfg.evaluate), device, gpu, slot=i))
         if not out.passed:
             raise SystemExit(f"root audit on slot {i} (GPU {gpu}) failed: {out.failure_kind}: {out.failure[:300]}")
         per_slot[str(gpu) if device == "cuda" else f"cpu{i}"] = {n: m["median_s"] for n, m in out.measurements.items()}

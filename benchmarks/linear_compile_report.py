@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
 
-SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*bf16", "M": "i32",
-       "N": "i32", "K": "i32", "sxm": "i32", "swn": "i32", "sym": "i32"}
+SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*bf16",
+       "M": "i32", "N": "i32", "K": "i32", "sxm": "i32", "swn": "i32", "sym": "i32"}
 ALIGNED = {"x_ptr", "w_ptr", "ws_ptr", "b_ptr", "y_ptr", "y32_ptr", "N", "K", "sxm", "swn", "sym"}
 SMEM_LIMIT = 232448  # bytes of shared memory one block may use on an H100/H200
 

@@ -2,7 +2,8 @@
 (weight, rows) cells under Nsight Compute, launch by launch.
 
     ncu --profile-from-start off --section MemoryWorkloadAnalysis ... -o REPORT \
-        python3 benchmarks/linear_profile.py run --variants-json F --cells qwen3-4b.o:256,qwen3-4b.qkv:16384 --order O.json
+        python3 benchmarks/linear_profile.py run --variants-json F \
+            --cells qwen3-4b.o:256,qwen3-4b.qkv:16384 --order O.json
     python3 benchmarks/linear_profile.py summarize --details D.csv --order O.json --out X.json
 
 Cells name a weight of `benchmarks/ops_matmul_gpu.py`'s LINEAR_SHAPES (or a unique suffix of one, e.g. `o` or
@@ -87,7 +88,8 @@ def run(args: argparse.Namespace) -> None:
     from benchmarks.ops_matmul_gpu import LINEAR_SHAPES, load
 
     cells = parse_cells(args.cells, LINEAR_SHAPES)
-    variants = {"root": {}} if args.variants_json in (None, "root") else json.loads(Path(args.variants_json).read_text())
+    variants = ({"root": {}} if args.variants_json in (None, "root")
+                else json.loads(Path(args.variants_json).read_text()))
     mods = {name: load("linear", knobs) for name, knobs in variants.items()}
     gen = torch.Generator(device="cuda").manual_seed(0)
     calls = []

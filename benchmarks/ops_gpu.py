@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--families", default="", help="comma-separated family names (default: all)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON results")
-    ap.add_argument("--dry-run", action="store_true", help="CPU interpreter run of the suites at tiny sizes (the code paths, no measurement)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU interpreter run of the suites at tiny sizes (the code paths, no measurement)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from kernels.files import KernelArgError, add_arguments
 

@@ -182,7 +182,8 @@ def sweep(families, out_dir: Path) -> dict:
                 row[n + ".verify"] = all(c.passed for c in b.verify())
                 del b
             rows.append(row)
-            cells = " ".join(f"{n.split('.', 1)[1]}={row[n]:.2f}({'/'.join(f'{k}:{v / row[n]:.2f}' for k, v in peer_t[n].items())})"
+            cells = " ".join(f"{n.split('.', 1)[1]}={row[n]:.2f}"
+                             f"({'/'.join(f'{k}:{v / row[n]:.2f}' for k, v in peer_t[n].items())})"
                              for n in names)
             lines.append(f"{family:<12}{json.dumps(changes):<60} {cells}")
             print(lines[-1], flush=True)
@@ -614,7 +615,8 @@ def extra_line(w: dict, name: str, label: str, eager: bool, ok: bool | None) -> 
     us = w[f"{name}_us"]
     xe = f"{w['torch_us'] / us if 'torch_us' in w else float('nan'):8.2f}" if eager else f"{'':>8}"
     xl = w["liger_us"] / us if "liger_us" in w else float("nan")
-    print(f"{'':<12}{label:<28}{us:9.1f}{'-':>6}{'':>24}{xe}{xl:8.2f}" + ("" if ok is None else f" {'Y' if ok else 'N'}"))
+    print(f"{'':<12}{label:<28}{us:9.1f}{'-':>6}{'':>24}{xe}{xl:8.2f}"
+          + ("" if ok is None else f" {'Y' if ok else 'N'}"))
 
 
 def extra_impl_line(w: dict, label: str, copy_gbps: float) -> None:

@@ -7,7 +7,8 @@ sums each token's slots in slot order, element by element, from the same kernel 
 not depend on which tokens share its batch (rollout decode, training's full sequence). It replaces a scatter of
 the rows back to (token, slot) order and a per-slot loop of fp32 torch operations (about 4 launches per slot).
 For the policy update (kernels/autograd.py; backward has no bitwise contract, fp32 math):
-    combine backward: g_rows[pos[t, k]] = bf16(w[t, k] * gy[t]),  g_w[t, k] = sum over h of gy[t, h] * rows[pos[t, k], h]
+    combine backward: g_rows[pos[t, k]] = bf16(w[t, k] * gy[t]),
+                      g_w[t, k] = sum over h of gy[t, h] * rows[pos[t, k], h]
     dispatch backward (rows = x[src], src[pos[t, k]] = t): g_x[t] = sum over k of g_rows[pos[t, k]], in slot order,
 instead of the accumulating index_put that autograd of x[src] runs (a sort of the indices, then a generic
 accumulation kernel).

@@ -48,6 +48,8 @@ class AuditJob:
     device: str  # "cuda" | "cpu"
     gpu_index: int = 0
     best_source_hash: str | None = None
+    best_source: str | None = None  # its text, read from the IR by the caller
+    ancestors: list[str] = field(default_factory=list)  # source hashes whose compiled kernels it may reuse
     time: bool = True
     slot: int = 0  # which of the concurrent audits this is: each slot has its own executor (fork server)
 
@@ -134,10 +136,15 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     work.mkdir(parents=True, exist_ok=True)
     result_path = work / "result.json"
     result_path.unlink(missing_ok=True)
+    source_file(run_dir, job.source_hash, job.source)  # a copy for people and tools; the judge uses the text
     spec = {
         "family": job.family.name,
-        "source_path": str(source_file(run_dir, job.source_hash, job.source)),
-        "best_path": None,
+        "run_dir": str(Path(run_dir).resolve()),
+        "source": job.source,
+        "source_hash": job.source_hash,
+        "best_source": None,
+        "best_hash": None,
+        "ancestors": [h for h in job.ancestors if h != job.source_hash],
         "workloads": job.workloads,
         "seeds": job.seeds,
         "bench_seed": 1000 + job.seeds[0],
@@ -147,7 +154,8 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
         "time": job.time,
     }
     if job.best_source_hash and job.time:
-        spec["best_path"] = str(run_dir / "sources" / f"cand_{job.best_source_hash}.py")
+        # The best as the IR holds it (never a file a candidate could have rewritten).
+        spec["best_source"], spec["best_hash"] = job.best_source, job.best_source_hash
     (work / "job.json").write_text(json.dumps(spec, indent=1))
 
     env = dict(os.environ)

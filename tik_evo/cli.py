@@ -1,4 +1,4 @@
-"""`tik-evo` command line: run, resume, status, show, lineage, export, check, bench, kernel, tui."""
+"""`tik-evo` command line: run, resume, status, show, lineage, export, check, audit, bench, kernel, tui."""
 
 from __future__ import annotations
 
@@ -175,7 +175,18 @@ def _run_with_tui(args, run_dir: Path) -> int:
 
 
 def cmd_resume(args) -> int:
-    resume_run(Path(args.run_dir), args.overrides, args.quiet)
+    if args.from_backup:
+        from tik_evo.store_salvage import restore_backup
+
+        console.print(restore_backup(Path(args.run_dir), args.from_backup), markup=False)
+    try:
+        resume_run(Path(args.run_dir), args.overrides, args.quiet)
+    except OSError as e:  # a full disk met outside the store (an audit's files): the store's steps are safe
+        from tik_evo.store_integrity import full, is_full
+
+        if not is_full(e):
+            raise
+        raise full(Path(args.run_dir), e, None, 0, in_store=False) from None
     return 0
 
 
@@ -356,6 +367,8 @@ def cmd_lineage(args) -> int:
 def cmd_export(args) -> int:
     from tik_evo.report import export
 
+    if args.salvage:
+        return _salvage(args)
     with Store.open_reader(Path(args.run_dir)) as store:
         fh = open(args.output, "w") if args.output else sys.stdout
         n = 0
@@ -366,6 +379,26 @@ def cmd_export(args) -> int:
             fh.close()
             console.print(f"wrote {n} records to {args.output}")
     return 0
+
+
+def _salvage(args) -> int:
+    """`export --salvage`: every intact record of a damaged store; exit 1 if anything was damaged."""
+    from rich.markup import escape
+
+    from tik_evo.store_salvage import salvage
+
+    lines, damaged = salvage(Path(args.run_dir))
+    fh = open(args.output, "w") if args.output else sys.stdout
+    fh.write("".join(line + "\n" for line in lines))
+    if args.output:
+        fh.close()
+    for d in damaged:
+        console.print(f"[yellow]damaged:[/] {escape(d)}")
+    n = sum('"type": "damaged"' not in line[:20] for line in lines)
+    console.print(f"salvaged {n} intact records" + (f" to {escape(args.output)}" if args.output else "") +
+                  (f"; {len(damaged)} damaged (listed above, and as \"damaged\" lines)" if damaged else
+                   "; nothing is damaged"))
+    return 1 if damaged else 0
 
 
 # `tik-evo bench NAME` for the benchmarks that are not one family's: NAME -> benchmarks/<script>.py
@@ -473,6 +506,20 @@ def cmd_tui(args) -> int:
     return 0
 
 
+def cmd_audit(args) -> int:
+    import json
+
+    from tik_evo.audit_file import audit_file, render
+
+    result = audit_file(args.campaign, args.file, args.overrides,
+                        log=(lambda m: None) if args.json else (lambda m: console.print(m)))
+    if args.json:
+        out.print_json(json.dumps(result))
+    else:
+        out.print(render(result), highlight=False, soft_wrap=True)
+    return 0 if result["verified"] else 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tik-evo", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -486,6 +533,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("run_dir")
     r.add_argument("overrides", nargs="*")
     r.add_argument("--quiet", action="store_true")
+    r.add_argument("--from-backup", metavar="NAME", help="first put this backup of RUN/backups (or latest) in "
+                                                         "place of the run's store, which is kept aside")
     r.set_defaults(fn=cmd_resume)
     for name, fn, help_ in (("status", cmd_status, "best, speed-ups, κ, budgets"),
                             ("lineage", cmd_lineage, "the derivation tree"),
@@ -518,11 +567,20 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("export", help="all records as JSON lines")
     r.add_argument("run_dir")
     r.add_argument("-o", "--output")
+    r.add_argument("--salvage", action="store_true", help="from a damaged store: every intact record, and the "
+                                                          "damaged ones named (exit 1 if any)")
     r.set_defaults(fn=cmd_export)
     r = sub.add_parser("check", help="validate a campaign, its workloads and its family without running")
     r.add_argument("campaign")
     r.add_argument("overrides", nargs="*")
     r.set_defaults(fn=cmd_check)
+    r = sub.add_parser("audit", help="audit one kernel file as an offspring of a campaign's root; exit 0 only if "
+                                     "it is verified")
+    r.add_argument("campaign")
+    r.add_argument("file", help="the candidate source file")
+    r.add_argument("overrides", nargs="*", help="dotted overrides, e.g. evaluate.sandbox=strict")
+    r.add_argument("--json", action="store_true", help="the verdict as JSON")
+    r.set_defaults(fn=cmd_audit)
     r = sub.add_parser("kernel", help="write a family's root with a named set and knob changes applied")
     r.add_argument("family")
     r.add_argument("knobs", nargs="*", help="KNOB=VALUE changes applied after the set")

@@ -88,6 +88,10 @@ class EvaluateConfig:
     executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks)
     check_procs: int = 0  # processes for the full correctness stage (0: half the CPUs, at most 8; 1: in-worker)
     graph_replay: str = "auto"  # the small cases again from CUDA-graph replays: auto (on a GPU) | on | off
+    sandbox: str = "auto"  # the candidate's runner: auto (every protection the machine allows) | strict | off
+    rounds: int = 5  # timed regions per workload, each on fresh inputs with its outputs checked (GPU)
+    repeat_calls: int = 100  # repetitions of each entry point's first call, compared bit for bit (GPU)
+    interpreter_repeat_calls: int = 2  # the same under the CPU interpreter (each call takes seconds there)
 
 
 @dataclass
@@ -253,6 +257,7 @@ def _validate(cfg: DictConfig, path: Path) -> None:
     cfg.evaluate.graph_replay = {"True": "on", "False": "off"}.get(cfg.evaluate.graph_replay,
                                                                    cfg.evaluate.graph_replay)
     _choice(cfg.evaluate.graph_replay, ("auto", "on", "off"), "evaluate.graph_replay", path)
+    _choice(cfg.evaluate.sandbox, ("auto", "strict", "off"), "evaluate.sandbox", path)
     for op in cfg.search.operators:
         _choice(op, tuple(OPERATORS), "search.operators", path)
     if not cfg.search.operators:

@@ -8,6 +8,7 @@ points and reads its tunables from a module-level ``KNOBS`` dict (see :mod:`tik_
 
 from __future__ import annotations
 
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,34 @@ class Knob:
     values: tuple[Any, ...]
     role: Role
     doc: str = ""
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """One function a candidate file defines, as the audit calls it from another process.
+
+    The judge never imports a candidate: it sends each call's tensors through shared buffers, so it must know
+    which arguments the call may write (``writes``: outputs and in-place caches; every other tensor argument
+    must come back bit-unchanged) and which outputs production calls leave out (``optional``, e.g. the fp32 side
+    output: the audit repeats such calls without them and compares the other outputs bit for bit).
+    ``params`` is the positional order of the root's signature; ``required`` False marks an entry point a file
+    may lack (a backward, a packed variant); ``returns`` that the function returns tensors instead of (or
+    beside) writing them; ``updates`` the written tensors that are also read (a KV cache appended to): the audit
+    poisons every other written tensor before a timed region, never these.
+    """
+
+    name: str
+    params: tuple[str, ...]
+    writes: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+    required: bool = True
+    returns: bool = False
+    updates: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in (*self.writes, *self.optional, *self.updates) if p not in self.params]
+        if unknown:
+            raise ValueError(f"entry point {self.name}: {unknown} not among its params {list(self.params)}")
 
 
 @dataclass(frozen=True)
@@ -79,8 +108,10 @@ class Family(ABC):
     """Base class of every kernel family. Subclasses set the class attributes and implement the methods."""
 
     name: str
-    entry_points: tuple[str, ...]
+    entry_points: tuple[str, ...]  # the names a file must define (static scan); signatures below say how
     phases: tuple[str, ...]
+    # Every function the audit may call, required or optional (see EntryPoint).
+    signatures: tuple[EntryPoint, ...] = ()
     knobs: tuple[Knob, ...] = ()
     # Parameters a workload entry must carry besides name/phase/weight/limit, per phase.
     workload_params: dict[str, tuple[str, ...]] = {}
@@ -134,6 +165,18 @@ class Family(ABC):
         for key in self.workload_params.get(phase, ()):
             if key not in workload:
                 raise ValueError(f"missing key {key!r} (phase {phase!r} needs {list(self.workload_params[phase])})")
+
+    def signature(self, name: str) -> EntryPoint | None:
+        for e in self.signatures:
+            if e.name == name:
+                return e
+        return None
+
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        """Check cases drawn afresh for each audit from ``rng`` (seeded by the judge, unseen by the candidate):
+        odd sizes, one row, padded rows, extreme scales. They run after ``check_cases("full")`` in the full stage,
+        so a candidate cannot be right only on the fixed shapes. Default: none."""
+        return []
 
     @abstractmethod
     def check_cases(self, level: str) -> list[dict[str, Any]]:

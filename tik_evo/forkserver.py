@@ -29,7 +29,11 @@ def _child(job_path: str, log_path: str, proto: int) -> None:
 
 
 def main() -> None:
+    from tik_evo import sandbox
+
     die_with_parent()
+    # Whatever a job leaves behind when it is killed (a candidate's detached process) becomes ours, and dies below.
+    sandbox.become_subreaper()
     proto = os.dup(1)  # the protocol channel; fd 1 is redirected to each job's log in the child
     for line in sys.stdin.buffer:
         job_path, log_path = line.decode().rstrip("\n").split("\t")
@@ -40,6 +44,7 @@ def main() -> None:
             _child(job_path, log_path, proto)
         os.write(proto, f"pid {pid}\n".encode())
         _, status = os.waitpid(pid, 0)
+        sandbox.kill_descendants()
         os.write(proto, f"exit {pid} {os.waitstatus_to_exitcode(status)}\n".encode())
 
 

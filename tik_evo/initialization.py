@@ -148,7 +148,8 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
         f"({len(workloads)} workloads, device {device})…")
     t0 = time.time()
     out = run_audit(run_dir, AuditJob(family, source, h, "I0", workloads, list(cfg.correctness.seeds),
-                                      OmegaConf.to_container(cfg.evaluate), device, audit_slots(cfg.evaluate, device)[0]))
+                                      OmegaConf.to_container(cfg.evaluate), device,
+                                      audit_slots(cfg.evaluate, device)[0]))
     with store.transaction() as txn:
         st = txn.state
         iid, uid = txn.new_id("I"), txn.new_id("U")

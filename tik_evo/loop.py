@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tik_evo import lineage
 from tik_evo.action import Actor, Choice
-from tik_evo.audit import AuditJob, AuditOutcome, audit_slots, close_executors, run_audit, source_file, static_scan
+from tik_evo.audit import AuditJob, AuditOutcome, audit_slots, close_executors, run_audit, static_scan
 from tik_evo.family import Family
 from tik_evo.knobs import canonical_source, knobs_or_none
 from tik_evo.operators.base import Proposal
@@ -200,13 +200,28 @@ class Search:
             with self.store.transaction() as txn:  # concurrent audits: each reserves its id up front
                 impl_id = pending.reserved = txn.new_id("I")
         best = self.store.get(st["best"])
-        source_file(self.store.run_dir, best.source_hash, self.store.source(best.source_hash))
+        best_source = self.store.source(best.source_hash)  # from the IR: the judge times exactly this text
         pending.job = AuditJob(
             self.family, proposal.source, h, impl_id, self.workloads, list(self.cfg.correctness.seeds),
             OmegaConf.to_container(self.cfg.evaluate), self.device,
             audit_slots(self.cfg.evaluate, self.device)[0] if slot is None else slot[1],
-            best.source_hash if self.cfg.evaluate.retime_best else None, slot=0 if slot is None else slot[0])
+            best.source_hash if self.cfg.evaluate.retime_best else None,
+            best_source if self.cfg.evaluate.retime_best else None,
+            self._ancestors([choice.parent, *proposal.parents]),
+            slot=0 if slot is None else slot[0])
         return pending
+
+    def _ancestors(self, parents: list[str]) -> list[str]:
+        """Source hashes of the offspring's ancestors, nearest first: the compiled kernels it may reuse."""
+        out, seen, todo = [], set(), list(parents)
+        while todo and len(out) < 256:
+            iid = todo.pop(0)
+            rec = None if iid in seen else self.store.get(iid)
+            seen.add(iid)
+            if rec is not None:
+                out.append(rec.source_hash)
+                todo += rec.parents
+        return out
 
     def finish(self, pending: Pending, outcome: AuditOutcome | None, wall_s: float) -> None:
         """Record the step (action, offspring, audit, decisions, state) in one transaction; tell the sampler."""
@@ -256,8 +271,8 @@ class Search:
         verdict = lineage.judge(outcome.passed, outcome.measurements, retimed, st, self.cfg, gpu)
         audit = Audit(uid, iid, outcome.stages, outcome.measurements, outcome.best_retimed, verdict.objective,
                       verdict.best_objective, verdict.margin, outcome.passed, verdict.admissible, verdict.promoted,
-                      outcome.failure_kind, outcome.failure, verdict.limits, timer_of(outcome.measurements), outcome.device,
-                      outcome.seconds)
+                      outcome.failure_kind, outcome.failure, verdict.limits, timer_of(outcome.measurements),
+                      outcome.device, outcome.seconds)
         failed = audit.failure_kind is not None
         if outcome.passed and not verdict.admissible:
             st["failures_by_kind"]["over-limit"] = st["failures_by_kind"].get("over-limit", 0) + 1

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every value carries a checksum (store_integrity); schema 1 stores are still read
 
 # Implementation statuses. Verified ones are best/active/archived; failed ones never become parents.
 BEST, ACTIVE, ARCHIVED, FAILED, ABANDONED = "best", "active", "archived", "failed", "abandoned"

@@ -18,7 +18,6 @@ import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from tik_evo.audit import read_result
@@ -51,18 +50,18 @@ class Shard:
     log: Path
 
 
-def start(job: dict[str, Any], impl: ModuleType, n_cases: int, shards: int, work: Path) -> list[Shard]:
-    """Fork one process per share of the cases; each uses the candidate module ``impl`` as loaded. Call before
-    anything initialises CUDA."""
+def start(job: dict[str, Any], all_cases: list[dict[str, Any]], shards: int, work: Path) -> list[Shard]:
+    """Fork one process per share of ``all_cases``; each starts a runner of its own for the candidate. Call
+    before anything initialises CUDA."""
     out = []
-    for i, cases in enumerate(deal(n_cases, shards)):
+    for i, cases in enumerate(deal(len(all_cases), shards)):
         result, log = work / f"shard{i}.json", work / f"shard{i}.log"
         result.unlink(missing_ok=True)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(job, impl, cases, result, log)
+            _child(job, all_cases, cases, result, log)
         out.append(Shard(pid, cases, result, log))
     return out
 
@@ -120,33 +119,48 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
     return Collected(checks, text, kind, stop_at, type_)
 
 
-def _child(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path, log: Path) -> None:
+def _child(job: dict[str, Any], all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path) -> None:
     die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
-    forked_child(log, lambda: run(job, impl, cases, result))
+    forked_child(log, lambda: run(job, all_cases, cases, result))
 
 
-def run(job: dict[str, Any], impl: ModuleType, cases: list[int], result: Path) -> None:
-    """A shard's work: its cases at the "full" level, every seed; the result file rewritten after each case."""
+def run(job: dict[str, Any], all_cases: list[dict[str, Any]], cases: list[int], result: Path) -> None:
+    """A shard's work: its cases at the "full" level, every seed, on a runner of its own; the result file
+    rewritten after each case."""
+    from tik_evo import sandbox
     from tik_evo.families import load_family
-    from tik_evo.worker import error_kind
+    from tik_evo.remote import CandidateError, Runner, connect
+    from tik_evo.worker import error_kind, sandbox_options
 
+    sandbox.become_subreaper()
     family = load_family(job["family"])
-    all_cases = family.check_cases("full")
     data: dict[str, Any] = {"cases": {}, "error": None, "done": False}
+    opts = sandbox_options(job)
+    try:
+        runner = Runner.fork(job["device"], opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
+        impl = connect(runner, family, job["source"])
+    except CandidateError as e:
+        data["error"] = {"case": cases[0], "text": str(e), "kind": error_kind(e), "type": e.type_name}
+        _write(result, data)
+        return
     for c in cases:
         checks: list[Check] = []
         try:
             for seed in job["seeds"]:
                 checks += family.run_checks(impl, all_cases[c], seed, job["device"])
+                checks += impl.take_checks(f"[case {c} seed {seed}]")
         except Exception as e:
-            data["error"] = {"case": c, "text": traceback.format_exc(limit=6), "kind": error_kind(e),
-                             "type": type(e).__name__}
+            text = f"in check case {c}: {e}" if isinstance(e, CandidateError) else traceback.format_exc(limit=6)
+            data["error"] = {"case": c, "text": text, "kind": error_kind(e),
+                             "type": getattr(e, "type_name", "") or type(e).__name__}
             _write(result, data)
             return
         data["cases"][str(c)] = [ch.to_dict() for ch in checks]
         _write(result, data)
     data["done"] = True
     _write(result, data)
+    runner.close()
+    sandbox.kill_descendants()
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

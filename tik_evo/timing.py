@@ -1,28 +1,23 @@
-"""Timers. GPU: CUDA events through Triton's do_bench (L2 flushed between reps) or CUDA-graph replays for
-decode-sized launches, where launch overhead would otherwise dominate. CPU: wall clock under the
-interpreter, labelled as such everywhere it is shown: it says nothing about GPU speed."""
+"""Timer helpers and labels. The audit times candidates from the judge's process (`tik_evo.timed`); the graph
+helpers here serve the benchmarks (ours and the peers are timed by one function) and the runner's capture. CPU
+figures are wall clock under the interpreter, labelled as such everywhere they are shown: they say nothing about
+GPU speed."""
 
 from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 from typing import Any
-
-from tik_evo.family import Bench
 
 WALL_INTERPRETER = "wall-interpreter"
 LABELS = {
+    "judge-graph": "GPU time (the judge's clock around CUDA-graph replays, median per launch)",
+    "judge-eager": "GPU time (the judge's clock around synchronised launches, median per launch)",
+    # Timers of runs recorded before the audit timed from the judge's process:
     "cuda-event": "GPU time (CUDA events, median)",
     "cuda-graph": "GPU time (CUDA-graph replays, median per launch)",
     WALL_INTERPRETER: "interpreter wall clock (CPU, not GPU time)",
 }
-
-
-def measure(bench: Bench, device: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    if device == "cpu":
-        return _wall(bench, int(cfg.get("interpreter_reps", 3)))
-    return _cuda(bench, cfg)
 
 
 def _summary(samples_s: list[float], timer: str) -> dict[str, Any]:
@@ -34,33 +29,6 @@ def _summary(samples_s: list[float], timer: str) -> dict[str, Any]:
         spread = (max(samples_s) - min(samples_s)) / med if med > 0 else 0.0
     return {"median_s": med, "spread": spread, "reps": len(samples_s), "timer": timer,
             "min_s": min(samples_s), "max_s": max(samples_s)}
-
-
-def _wall(bench: Bench, reps: int) -> dict[str, Any]:
-    bench.run()  # warm-up: the interpreter's first call builds the kernel
-    samples = []
-    for _ in range(max(1, reps)):
-        t0 = time.perf_counter()
-        bench.run()
-        samples.append(time.perf_counter() - t0)
-    return _summary(samples, WALL_INTERPRETER)
-
-
-def _cuda(bench: Bench, cfg: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    from triton.testing import do_bench, do_bench_cudagraph
-
-    bench.run()
-    torch.cuda.synchronize()
-    rep_ms = float(cfg.get("rep_ms", 100))
-    if bench.graph_friendly:
-        # Each replay runs many launches; ten replays give ten per-launch samples.
-        samples = do_bench_cudagraph(bench.run, rep=rep_ms, return_mode="all")
-        timer = "cuda-graph"
-    else:
-        samples = do_bench(bench.run, warmup=float(cfg.get("warmup_ms", 25)), rep=rep_ms, return_mode="all")
-        timer = "cuda-event"
-    return _summary([s / 1e3 for s in samples], timer)
 
 
 def graph_replay_us(fn, calls: int = 20, replays: int = 30, warmup: int = 3) -> float:

@@ -1,33 +1,26 @@
-"""The audit worker: runs in its own process (and process group) on one device, stage by stage.
+"""The judge: one audit, stage by stage, in a process that never imports the candidate.
 
-It writes its result file after every stage, so a candidate that segfaults or hangs still leaves the
-evidence of the stages it passed. The parent (:mod:`tik_evo.audit`) enforces the timeout.
+The candidate's source is loaded by a sandboxed runner process (:mod:`tik_evo.runner`) that this process forks;
+every call reaches it through shared buffers (:mod:`tik_evo.remote`). References, comparisons, timing and the
+verdict are made here. The current best is timed by a second runner, loaded with the best's source as the IR
+holds it (sent in the job), after the candidate's runner and everything it started are gone.
+
+The result file is rewritten after every stage, so a judge killed by the audit timeout still leaves the evidence
+of the stages passed. The parent (:mod:`tik_evo.audit`) enforces that timeout.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import sys
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from tik_evo import shards
-from tik_evo.candidate import load_module
-
-# Triton raises these when a (legal) knob choice cannot be built; OutOfResources when it builds but does not fit
-# the GPU (shared memory, registers), which is worth telling apart: a smaller tile or fewer stages may fit.
-COMPILE_ERRORS = {"CompilationError", "CompileTimeAssertionFailure"}
-RESOURCE_ERRORS = {"OutOfResources"}
-
-
-def error_kind(e: BaseException) -> str:
-    """The failure kind of an exception raised by a candidate, the same in every stage."""
-    name = type(e).__name__
-    if name in RESOURCE_ERRORS:
-        return "resources"
-    return "compile" if name in COMPILE_ERRORS or "Compil" in name else "exception"
+from tik_evo.failure import error_kind  # noqa: F401 - shards and tests import it from here
 
 
 class Result:
@@ -60,7 +53,8 @@ def _device_info(device: str) -> dict[str, Any]:
     import torch
     import triton
 
-    info = {"device": device, "torch": torch.__version__, "triton": triton.__version__, "python": sys.version.split()[0]}
+    info = {"device": device, "torch": torch.__version__, "triton": triton.__version__,
+            "python": sys.version.split()[0]}
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name(0)
         info["capability"] = list(torch.cuda.get_device_capability(0))
@@ -69,75 +63,111 @@ def _device_info(device: str) -> dict[str, Any]:
     return info
 
 
+def _trace(e: BaseException) -> str:
+    from tik_evo.remote import CandidateError
+
+    return str(e) if isinstance(e, CandidateError) else traceback.format_exc(limit=6)
+
+
+def sandbox_options(job: dict[str, Any]) -> dict[str, Any]:
+    """The runner's confinement: the run directory and $HOME hidden, the Triton cache kept per source."""
+    run_dir = Path(job["run_dir"])
+    root = run_dir / "triton"
+    return {"mode": job["evaluate"].get("sandbox", "auto"), "hide": [str(run_dir), os.path.expanduser("~")],
+            "cache_dir": root / job["source_hash"], "cache_read": [root / h for h in job.get("ancestors", [])]}
+
+
 def run(job: dict[str, Any]) -> None:
+    from tik_evo import sandbox
+
     res = Result(Path(job["result_path"]))
     device = job["device"]
-    if device == "cpu":
-        from tik_evo import interp
-
-        interp.install()
-    from tik_evo import timing
-    from tik_evo.families import load_family
-
-    family = load_family(job["family"])
-
-    t0 = time.time()
+    sandbox.become_subreaper()  # whatever a runner leaves behind becomes ours to kill
     try:
-        impl = load_module(job["source_path"], "tik_candidate")
-        best = load_module(job["best_path"], "tik_best") if job.get("best_path") else None
-    except Exception:
+        sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # a runner (same uid) cannot read this process's memory
+    except OSError:
+        pass
+    try:
+        _stages(job, res, device)
+    finally:
+        sandbox.kill_descendants()
+
+
+def _stages(job: dict[str, Any], res: Result, device: str) -> None:
+    from tik_evo import interp, shards
+    from tik_evo.families import load_family
+    from tik_evo.remote import CandidateError, Runner, connect
+
+    if device == "cpu":
+        interp.install()
+    family = load_family(job["family"])
+    secret = random.Random(int.from_bytes(os.urandom(8), "little"))  # draws the candidate cannot predict
+    opts = sandbox_options(job)
+    drawn = family.drawn_cases(random.Random(secret.getrandbits(64)))
+    cases = family.check_cases("full") + drawn
+    res.data["drawn_cases"] = drawn  # drawn for this audit: recorded so a failure can be reproduced
+    t0 = time.time()
+    # Every process that runs candidate code forks now, before this process touches CUDA.
+    procs = shards.count(int(job["evaluate"].get("check_procs", 0)), len(cases))
+    forked = shards.start(job, cases, procs, Path(job["result_path"]).parent) if procs > 1 else []
+    best = None
+    try:
+        runner = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
+        if job.get("best_source") and job.get("time", True):
+            best = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"].parent / job["best_hash"])
+        res.data["sandbox"] = runner.sandbox
+        impl = connect(runner, family, job["source"])
+    except CandidateError as e:
+        shards.stop(forked)
         res.data["device"] = _device_info(device)
-        res.stage("import", False, t0, error=traceback.format_exc(limit=5), kind="import")
+        res.stage("import", False, t0, error=str(e), kind=e.kind if e.kind in ("sandbox", "crash", "timeout", "tamper")
+                  else "import")
         return
     res.stage("import", True, t0)
-    # The full stage's shards fork now: before anything here touches CUDA, and so that their compiles overlap
-    # the small stage.
-    n_full = len(family.check_cases("full"))
-    procs = shards.count(int(job["evaluate"].get("check_procs", 0)), n_full)
-    import torch
-
-    forked = shards.start(job, impl, n_full, procs, Path(job["result_path"]).parent) \
-        if procs > 1 and not torch.cuda.is_initialized() else []
     res.data["device"] = _device_info(device)
     res.data["device"]["check_procs"] = max(len(forked), 1)
+    res.data["secret_seed_draws"] = "os.urandom"
 
     seeds = job["seeds"]
-    for level, seed_list in (("small", seeds[:1]), ("full", seeds)):
+    small = family.check_cases("small")
+    for level, todo, seed_list in (("small", small, seeds[:1]), ("full", cases, seeds)):
         t0 = time.time()
         checks: list = []
-        todo = family.check_cases(level)
+        first = 0
         if level == "full" and forked:
-            got = shards.collect(forked, n_full)
-            checks, todo = got.checks, todo[got.case:]  # empty unless a shard stopped early
+            got = shards.collect(forked, len(cases))
+            checks, todo, first = got.checks, todo[got.case:], got.case  # empty unless a shard stopped early
             if got.type in shards.RETRY_IN_WORKER:
                 res.data["device"]["checks_rerun_in_worker_from_case"] = got.case
             elif got.error:
                 res.stage(level, False, t0, checks, error=got.error, kind=got.kind)
                 return
+        impl.log = [] if level == "small" else None  # the repeat stage repeats the small stage's first calls
         try:
-            for case in todo:
+            for i, case in enumerate(todo, first):
                 for seed in seed_list:
-                    checks += family.run_checks(impl, case, seed, device)
+                    checks += family.run_checks(impl, case, seed, device) + impl.take_checks(f"[case {i} seed {seed}]")
         except Exception as e:
             shards.stop(forked)
-            res.stage(level, False, t0, checks, error=traceback.format_exc(limit=6), kind=error_kind(e))
+            res.stage(level, False, t0, checks + impl.take_checks(summary=False), error=_trace(e), kind=error_kind(e))
             return
+        if level == "small":
+            impl.small_log, impl.log = impl.log, None
         if not res.stage(level, all(c.passed for c in checks), t0, checks, kind=_failed_kind(checks)):
             shards.stop(forked)
             return
 
-    mode = job["evaluate"].get("graph_replay", "auto")
-    if mode == "on" or (mode == "auto" and device == "cuda"):
-        # Rollout engines replay decode from CUDA graphs: a replay must write what an eager call writes.
-        from tik_evo import graph_replay
+    from tik_evo import judge_stages as judged
 
+    for name, stage in (("graph", judged.graph_stage), ("repeat", judged.repeat_stage)):
         t0 = time.time()
         try:
-            checks = graph_replay.audit_checks(family, impl, seeds[0], device)
+            checks = stage(family, impl, runner, small, seeds[0], device, job["evaluate"])
         except Exception as e:
-            res.stage("graph", False, t0, error=traceback.format_exc(limit=6), kind=error_kind(e))
+            res.stage(name, False, t0, impl.take_checks(summary=False), error=_trace(e), kind=error_kind(e))
             return
-        if not res.stage("graph", all(c.passed for c in checks), t0, checks, kind=_failed_kind(checks)):
+        if checks is not None and not res.stage(name, all(c.passed for c in checks), t0, checks,
+                                                kind=_failed_kind(checks)):
             return
 
     if not job.get("time", True):
@@ -145,25 +175,27 @@ def run(job: dict[str, Any]) -> None:
         res.flush()
         return
     t0 = time.time()
-    fresh: list = []
+    found: list = []
     try:
-        for w in job["workloads"]:
-            bench = family.make_bench(impl, w, job["bench_seed"], device)
-            m = timing.measure(bench, device, job["evaluate"])
-            m.update(phase=w["phase"], bytes=bench.bytes_moved, flops=bench.flops)
-            res.data["measurements"][w["name"]] = m
-            fresh += [type(c)(f"{w['name']}: {c.name}", c.passed, "fresh", c.details) for c in bench.verify()]
-            if best is not None:
-                # Re-time the current best in the same process, right after, on the same inputs' seed.
-                bb = family.make_bench(best, w, job["bench_seed"], device)
-                res.data["best_retimed"][w["name"]] = timing.measure(bb, device, job["evaluate"])
-            res.flush()
+        found = judged.time_candidate(family, impl, runner, job, res, secret, device)
     except Exception as e:
-        res.stage("timing", False, t0, fresh, error=traceback.format_exc(limit=6), kind=error_kind(e))
+        res.stage("timing", False, t0, found + impl.take_checks(summary=False), error=_trace(e), kind=error_kind(e))
         return
-    if res.stage("timing", all(c.passed for c in fresh), t0, fresh, kind=_failed_kind(fresh)):
-        res.data["done"] = True
-        res.flush()
+    if not res.stage("timing", all(c.passed for c in found), t0, found, kind=_failed_kind(found)):
+        return
+    if best is not None:
+        runner.close()
+        from tik_evo import sandbox
+
+        sandbox.kill_descendants(keep=frozenset({best.pid}))  # nothing of the candidate's runs beside the best
+        try:
+            judged.time_best(family, best, job, res, secret, device)
+        except Exception as e:
+            res.stage("best", False, time.time(), error="re-timing the current best failed (not the candidate's "
+                      f"doing unless it left something behind):\n{_trace(e)}", kind="infrastructure")
+            return
+    res.data["done"] = True
+    res.flush()
 
 
 def main() -> None:

@@ -32,7 +32,8 @@ CPU wall clock, useful for structure, meaningless as GPU speed."""
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS: ClassVar[list[tuple[str, str, str]]] = [("escape", "dismiss", "close"), ("question_mark", "dismiss", "close"), ("q", "dismiss", "close")]
+    BINDINGS: ClassVar[list[tuple[str, str, str]]] = [
+        ("escape", "dismiss", "close"), ("question_mark", "dismiss", "close"), ("q", "dismiss", "close")]
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-box"):

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from kernels.rmsnorm.family import SPREAD, draw_scale, odd, spread_randn
 from tik_evo import checks, interp
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 EPS = 1e-6
 
@@ -35,6 +37,14 @@ def reference_backward(h, weight, grad_out, grad_res, eps=EPS):
 class AddRMSNormFamily(Family):
     name = "add_rmsnorm"
     entry_points = ("add_rmsnorm_full", "add_rmsnorm_decode", "add_rmsnorm_backward")
+    signatures = (
+        EntryPoint("add_rmsnorm_full", ("x", "residual", "weight", "eps", "out", "res_out", "out32"),
+                   writes=("out", "res_out", "out32"), optional=("out32",)),
+        EntryPoint("add_rmsnorm_decode", ("x", "residual", "weight", "eps", "out", "res_out", "out32"),
+                   writes=("out", "res_out", "out32"), optional=("out32",)),
+        # (grad_h, grad_weight), new tensors; grad_res may be None (no gradient on the residual output).
+        EntryPoint("add_rmsnorm_backward", ("grad_out", "grad_res", "h", "weight", "eps"), returns=True),
+    )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "hidden"), "decode": ("batch", "hidden")}
     knobs = (
@@ -75,9 +85,26 @@ class AddRMSNormFamily(Family):
         if level == "small":
             return [{"tokens": 37, "hidden": 320, "seqs": 5}]
         return [
-            {"tokens": 37, "hidden": 320, "seqs": 5, "scale": 1.0},
+            # Row scales spread over four decades: skipping or mis-scaling the normalisation shows at once.
+            {"tokens": 37, "hidden": 320, "seqs": 5, "scale": 1.0, "spread": SPREAD},
             {"tokens": 41, "hidden": 1000, "seqs": 9, "scale": 30.0},
             {"tokens": 19, "hidden": 1536, "seqs": 3, "scale": 0.01},
+        ]
+
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # The prompt-only pass splits at the middle sequence: a few rows suffice under the interpreter.
+        rows, width = (9, 1200) if interp.interpreting() else (300, 8191)
+        t = rng.randint(2, rows)
+        u = rng.randint(2, rows)
+        return [
+            # Odd width, tiny inputs, padding rows (x and residual zero: h = 0, whose norm is 0).
+            {"tokens": t, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(t, 5)),
+             "scale": draw_scale(rng, "tiny"), "zero_rows": sorted({rng.randrange(t), t - 1})},
+            # One token, large inputs.
+            {"tokens": 1, "hidden": odd(rng, 3, width), "seqs": 1, "scale": draw_scale(rng, "large")},
+            # Rows spread over four decades.
+            {"tokens": u, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(u, 5)), "scale": 1.0,
+             "spread": SPREAD},
         ]
 
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
@@ -87,8 +114,14 @@ class AddRMSNormFamily(Family):
         scale = case.get("scale", 1.0)
         tag = f"T{tokens}xH{hidden}/seed{seed}"
         g = checks.generator(seed)
-        x = checks.randn((tokens, hidden), g, torch.bfloat16, device, scale)
-        r = checks.randn((tokens, hidden), g, torch.bfloat16, device, scale)
+        if case.get("spread"):  # x and residual of a row share its scale
+            xr = spread_randn((tokens, 2, hidden), g, device, scale, case["spread"])
+            x, r = xr[:, 0].contiguous(), xr[:, 1].contiguous()
+        else:
+            x = checks.randn((tokens, hidden), g, torch.bfloat16, device, scale)
+            r = checks.randn((tokens, hidden), g, torch.bfloat16, device, scale)
+        for i in case.get("zero_rows", ()):  # padding rows
+            x[i], r[i] = 0, 0
         w = checks.randn((hidden,), g, torch.bfloat16, device, 0.5) + 1.0
         h_ref = residual_sum(x, r)
         y_ref = reference(h_ref, w)
@@ -143,9 +176,10 @@ class AddRMSNormFamily(Family):
         run = checks.rotate(lambda x, r: fn(x, r, w, EPS, y, h), xs, rs)
 
         def verify() -> list[Check]:
-            fg = checks.generator(seed + 7919)
-            fx = checks.randn((rows, hidden), fg, torch.bfloat16, device)
-            fr = checks.randn((rows, hidden), fg, torch.bfloat16, device)
+            # Rows over four decades of scale (x and residual of a row alike): a kernel skipping the
+            # normalisation fails by far.
+            fxr = spread_randn((rows, 2, hidden), checks.generator(seed + 7919), device)
+            fx, fr = fxr[:, 0].contiguous(), fxr[:, 1].contiguous()
             checks.poison(y, h)
             fn(fx, fr, w, EPS, y, h)
             h_ref = residual_sum(fx, fr)

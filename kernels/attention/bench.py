@@ -67,9 +67,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # The same with prefill launches of more than 4 waves of tiles on the warp-specialised Gluon kernel, as one
     # program per SM up to 32 waves.
     "hopper_ws": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "auto", "FULL_PERSISTENT": "auto",
-                  "FULL_IMPL": "auto", "FULL_WS_SCHEDULE": "overlap", "FULL_WS_BUFFERS": 4, "FULL_WS_PERSISTENT": "auto",
-                  "DECODE_MERGE_LAUNCH": "pdl", "DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8,
-                  "DECODE_MERGE_ROWS": 1},
+                  "FULL_IMPL": "auto", "FULL_WS_SCHEDULE": "overlap", "FULL_WS_BUFFERS": 4,
+                  "FULL_WS_PERSISTENT": "auto", "DECODE_MERGE_LAUNCH": "pdl", "DECODE_FINISH_SINGLE": True,
+                  "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1},
 }
 # The same with 512-token split chunks (a contract change: decode of short contexts gets twice the programs;
 # the Gluon prefill pays 1.5-2.7% for the extra merges) and decode's merge folded by the chunk grid's last

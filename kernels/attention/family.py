@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from kernels.rmsnorm.family import draw_scale, odd
 from tik_evo import checks, interp
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 # The pre-cast fp32 output carries bf16 rounding of the probabilities in the PV dot; measured ~2e-3.
 FP32_TOL = 8e-3
@@ -39,6 +41,14 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Ten
 class AttentionFamily(Family):
     name = "attention"
     entry_points = ("prefill", "decode", "prefill_packed")
+    signatures = (
+        EntryPoint("prefill", ("q", "k", "v", "sm_scale", "out", "out32"), writes=("out", "out32"),
+                   optional=("out32",)),
+        EntryPoint("decode", ("q", "k_cache", "v_cache", "context_lens", "sm_scale", "out", "out32"),
+                   writes=("out", "out32"), optional=("out32",)),
+        EntryPoint("prefill_packed", ("q", "k", "v", "cu_seqlens", "max_seqlen", "sm_scale", "out", "out32"),
+                   writes=("out", "out32"), optional=("out32",)),
+    )
     # train_packed: a trainer's packed batch of sequences of different lengths, one `prefill_packed` launch.
     phases = ("prefill", "train_forward", "train_packed", "decode")
     workload_params = {  # noqa: RUF012 - the base class declares it as a plain dict
@@ -127,8 +137,8 @@ class AttentionFamily(Family):
              "GQA packed, head dim 64/128, 128-key blocks with ROW_SUM dot or tree; else Triton) a warp-specialised "
              "Gluon kernel: a TMA loader warp streams each block as 64-key sub-blocks and one warpgroup does the "
              "block's step from them (same bits as the whole block); its partials go to the merge launch, or with "
-             "the fused merge its last program per row group folds them. H200: decode 1.04-1.11x SDPA at 128-key blocks "
-             "(tree row sum, fused merge) against 0.87-0.88 for Triton there"),
+             "the fused merge its last program per row group folds them. H200: decode 1.04-1.11x SDPA at 128-key "
+             "blocks (tree row sum, fused merge) against 0.87-0.88 for Triton there"),
         Knob("DECODE_WS_BUFFERS", (2, 3, 4, 6), "decode",
              "Gluon decode: 64-key K/V sub-block slots in shared memory (at head dim 128, 32 KB each: 3 slots let "
              "two programs share an SM; more give one program an SM and a deeper prefetch; H200: 4 best, 0.99-1.00x "
@@ -246,6 +256,29 @@ class AttentionFamily(Family):
             # lengths and launch sizes where the Gluon prefill (FULL_IMPL) runs.
             {"batch": 3, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "prompt": 1984, "answer": 64, "scale": 1.0},
             {"batch": 2, "q_heads": 8, "kv_heads": 8, "head_dim": 64, "prompt": 960, "answer": 128, "scale": 0.3},
+        ]
+
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        """Odd prompt and answer lengths (a multiple of no tile, block or split), GQA groups that are not powers of
+        two, a one-token prompt, and extreme q/k scales: tiny (near-uniform softmax) and large (near one-hot)."""
+        if interp.interpreting():  # a few seconds a case: one small case
+            hq = rng.randint(1, 3)
+            return [{"batch": 1, "q_heads": hq, "kv_heads": 1, "head_dim": 64, "prompt": odd(rng, 1, 9),
+                     "answer": odd(rng, 1, 3), "scale": draw_scale(rng, rng.choice(("tiny", "large")))}]
+
+        def heads() -> dict[str, Any]:
+            kv = rng.randint(1, 8)
+            return {"q_heads": kv * rng.randint(1, 32 // kv), "kv_heads": kv, "head_dim": rng.choice(HEAD_DIMS)}
+
+        return [
+            {"batch": rng.randint(1, 3), **heads(), "prompt": odd(rng, 3, 1499), "answer": odd(rng, 1, 71),
+             "scale": draw_scale(rng, "tiny")},
+            # A one-token prompt, its answer decoded token by token; large scores.
+            {"batch": rng.randint(1, 3), **heads(), "prompt": 1, "answer": odd(rng, 1, 71),
+             "scale": draw_scale(rng, "large")},
+            # Across the split chunk of the root (1024 keys) and other SPLIT_TOKENS values.
+            {"batch": rng.randint(1, 2), **heads(), "prompt": odd(rng, 1025, 1499), "answer": odd(rng, 1, 71),
+             "scale": round(10 ** rng.uniform(-0.5, 0.5), 3)},
         ]
 
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
@@ -368,26 +401,33 @@ class AttentionFamily(Family):
             q, k, v = _prefill_inputs(B, HQ, HKV, D, S, checks.generator(seed + 7919), device)
             checks.poison(y)
             impl.prefill(q, k, v, sm_scale, y)
-            # Reference on a sample of rows (first, last, a random stretch) of batch item 0's first GQA group.
-            rows = _sampled_rows(S, seed)
-            group = HQ // HKV
-            ref = reference(q[:1, :group, rows.to(device)], k[:1, :1], v[:1, :1], rows=rows)
+            # Reference on sampled rows (first, last, random ones; other rows for each batch item) of every batch
+            # item and every query head, so every KV head's group is checked.
+            got, ref = [], []
+            for b in range(B):
+                rows = _sampled_rows(S, seed + b, B)
+                r = rows.to(device)
+                ref.append(reference(q[b:b + 1, :, r], k[b:b + 1], v[b:b + 1], rows=rows).flatten())
+                got.append(y[b:b + 1, :, r].flatten())
             return [checks.finite("fresh inputs finite", y),
-                    checks.reference("fresh inputs vs fp64 (sampled rows)", y[:1, :group, rows.to(device)], ref)]
+                    checks.reference("fresh inputs vs fp64 (sampled rows, every batch item and head)",
+                                     torch.cat(got), torch.cat(ref))]
 
         return Bench(run=run, verify=verify, bytes_moved=set_bytes,
                      flops=4 * B * HQ * D * S * (S + 1) // 2, graph_friendly=False)
 
 
-def _sampled_rows(n: int, seed: int) -> torch.Tensor:
-    """Rows of an n-token sequence a bench's verify checks against fp64: the first, the last, a random stretch."""
-    return torch.unique(torch.cat([torch.arange(min(n, 16)), torch.arange(max(0, n - 64), n),
-                                   torch.randint(0, n, (64,), generator=checks.generator(seed))]))
+def _sampled_rows(n: int, seed: int, sequences: int = 1) -> torch.Tensor:
+    """Rows of an n-token sequence a bench's verify checks against fp64: the first, the last, random ones; fewer
+    when the verify checks ``sequences`` sequences (the fp64 reference costs heads x rows x n per sequence)."""
+    first, last, drawn = (16, 64, 64) if sequences == 1 else (8, 16, max(8, 64 // sequences))
+    return torch.unique(torch.cat([torch.arange(min(n, first)), torch.arange(max(0, n - last), n),
+                                   torch.randint(0, n, (drawn,), generator=checks.generator(seed))]))
 
 
 def _packed_bench(impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
     """One `prefill_packed` launch over sequences of the workload's lengths, packed back to back (a training
-    batch as a trainer feeds it); verified on sampled rows of the last sequence, which starts mid-tile."""
+    batch as a trainer feeds it); verified on sampled rows of every sequence (most start mid-tile), all heads."""
     HQ, HKV, D, lengths = (workload[k] for k in ("q_heads", "kv_heads", "head_dim", "lengths"))
     T, longest = sum(lengths), max(lengths)
     sm_scale = 1.0 / math.sqrt(D)
@@ -406,17 +446,17 @@ def _packed_bench(impl: ModuleType, workload: dict[str, Any], seed: int, device:
         q, k, v = inputs(checks.generator(seed + 7919))
         checks.poison(y)
         impl.prefill_packed(q, k, v, cu, longest, sm_scale, y)
-        n, lo = lengths[-1], T - lengths[-1]
-        rows = _sampled_rows(n, seed)
-        group = HQ // HKV
-
-        def seq(t: torch.Tensor, heads: int) -> torch.Tensor:  # [1, heads, n, D]: the last sequence's first heads
-            return t[lo:, :heads].transpose(0, 1).unsqueeze(0)
-
-        ref = reference(seq(q, group)[:, :, rows.to(device)], seq(k, 1), seq(v, 1), rows=rows)
-        got = seq(y, group)[:, :, rows.to(device)]
+        got, ref = [], []
+        for i, n in enumerate(lengths):
+            lo = sum(lengths[:i])
+            rows = _sampled_rows(n, seed + i, len(lengths))
+            r = rows.to(device)
+            sq, sk, sv, sy = (t[lo:lo + n].transpose(0, 1).unsqueeze(0) for t in (q, k, v, y))  # [1, heads, n, D]
+            ref.append(reference(sq[:, :, r], sk, sv, rows=rows).flatten())
+            got.append(sy[:, :, r].flatten())
         return [checks.finite("fresh inputs finite", y),
-                checks.reference("fresh inputs vs fp64 (sampled rows of the last sequence)", got, ref)]
+                checks.reference("fresh inputs vs fp64 (sampled rows of every sequence, every head)",
+                                 torch.cat(got), torch.cat(ref))]
 
     return Bench(run=run, verify=verify, bytes_moved=set_bytes,
                  flops=sum(4 * HQ * D * n * (n + 1) // 2 for n in lengths), graph_friendly=False)

@@ -6,16 +6,16 @@ query row gets the same bits whichever path computed it. With SPLIT_TOKENS > 0 t
 chunks of SPLIT_TOKENS absolute positions; each chunk starts from a fresh softmax state and the chunks are
 folded in ascending order by one shared merge function (`_merge`). Decode computes the chunks in parallel
 programs (flash-decoding) and folds them in a second launch, or in the last chunk program of each row group to
-finish (DECODE_MERGE_LAUNCH="fused"; an arrival counter picks the program, never the order); prefill reproduces the same chunks and folds
-per query tile (one loop per chunk, or one loop that folds at chunk ends: FULL_SPLIT_LOOP). Multiply-adds
-whose rounding matters are written as explicit `fma` (probabilities, row sums, merges), so the compiler cannot
-contract them differently in masked and unmasked blocks or in the two paths. How a tile reaches the dot
-(pointer loads or TMA tensor descriptors) and how the launches are chained (plain, or programmatic dependent
-launch for decode's merge) are path-only: they move bytes and launches, not arithmetic. So is which kernel
-runs prefill on Hopper (FULL_IMPL): this Triton one, or a warp-specialised Gluon kernel doing the same per-row
-operations (`_ws_prefill_kernel`, bit for bit the same on the GPU), and which computes decode's chunks
-(DECODE_IMPL): the Triton one, or a Gluon kernel that streams each 128-key block as two 64-key sub-blocks with the
-same operations per row (`_dec_kernel`; needs a dot or tree row sum, which split over sub-blocks bit for bit).
+finish (DECODE_MERGE_LAUNCH="fused"; an arrival counter picks the program, never the order); prefill reproduces the
+same chunks and folds per query tile (one loop per chunk, or one loop that folds at chunk ends: FULL_SPLIT_LOOP).
+Multiply-adds whose rounding matters are written as explicit `fma` (probabilities, row sums, merges), so the
+compiler cannot contract them differently in masked and unmasked blocks or in the two paths. How a tile reaches the
+dot (pointer loads or TMA tensor descriptors) and how the launches are chained (plain, or programmatic dependent
+launch for decode's merge) are path-only: they move bytes and launches, not arithmetic. So is which kernel runs
+prefill on Hopper (FULL_IMPL): this Triton one, or a warp-specialised Gluon kernel doing the same per-row operations
+(`_ws_prefill_kernel`, bit for bit the same on the GPU), and which computes decode's chunks (DECODE_IMPL): the
+Triton one, or a Gluon kernel that streams each 128-key block as two 64-key sub-blocks with the same operations per
+row (`_dec_kernel`; needs a dot or tree row sum, which split over sub-blocks bit for bit).
 """
 
 import torch
@@ -1643,8 +1643,8 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
         HEAD_D=D, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"], NUM_BUF=slots,
         OVERLAP=KNOBS["FULL_WS_SCHEDULE"] == "overlap", PERSISTENT=persistent, WRITE32=out32 is not None,
         CONS=cons, Q_TILES=q_tiles, ACC_SMEM=acc_smem, CONS_REGS=regs[0], LOADER_REGS=regs[1],
-        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", DIAG=_ws_diag(cons, bn), STORE_TMA=KNOBS["FULL_WS_STORE"] == "tma", num_warps=4,
-        maxnreg=regs[2])
+        ROW_SUM_DOT=KNOBS["ROW_SUM"] == "dot", DIAG=_ws_diag(cons, bn), STORE_TMA=KNOBS["FULL_WS_STORE"] == "tma",
+        num_warps=4, maxnreg=regs[2])
     return True
 
 

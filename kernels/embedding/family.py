@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from kernels.rmsnorm.family import odd
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 
 class EmbeddingFamily(Family):
     name = "embedding"
     entry_points = ("embedding_full", "embedding_decode")
+    signatures = tuple(EntryPoint(name, ("ids", "weight", "out"), writes=("out",)) for name in entry_points)
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "vocab", "hidden"), "decode": ("batch", "vocab", "hidden")}
     knobs = (
@@ -50,6 +53,20 @@ class EmbeddingFamily(Family):
             {"tokens": 9, "vocab": 77, "hidden": 2500, "seqs": 3},
         ]
 
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Odd widths: a multiple of no BLOCK_H, so every row ends in a masked tail block.
+        # On the GPU: a wide table, and a long one (a model's vocabulary; its last row's offset near 2**30).
+        rows, width, vocab, long = (9, 1500, 3000, 3000) if interp.interpreting() else (300, 8191, 20_000, 160_000)
+        t = rng.randint(2, rows)
+        return [
+            # Padding tokens (id 0, repeated), one of them a decoded token.
+            {"tokens": t, "vocab": odd(rng, 3, vocab), "hidden": odd(rng, 3, width),
+             "seqs": rng.randint(1, min(t, 5)), "int64": rng.random() < 0.5,
+             "pad_rows": sorted({rng.randrange(t), t - 1})},
+            {"tokens": 1, "vocab": odd(rng, long // 2, long), "hidden": odd(rng, 3, width), "seqs": 1,
+             "int64": rng.random() < 0.5},
+        ]
+
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         T, V, H, seqs = case["tokens"], case["vocab"], case["hidden"], case["seqs"]
         tag = f"T{T}xV{V}xH{H}/seed{seed}"
@@ -57,6 +74,8 @@ class EmbeddingFamily(Family):
         w = checks.randn((V, H), g, torch.bfloat16, device)
         ids = torch.randint(0, V, (T,), generator=g)
         ids[0], ids[-1] = 0, V - 1  # vocabulary edges
+        for i in case.get("pad_rows", ()):  # padding tokens: id 0, repeated
+            ids[i] = 0
         ids = ids.to(torch.int64 if case.get("int64") else torch.int32).to(device)
         full = _output(T, H, device)
         impl.embedding_full(ids, w, full)

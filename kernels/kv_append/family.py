@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from kernels.rmsnorm.family import odd
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 
 def make_block_table(lengths: list[int], page_size: int, g: torch.Generator, spare: int = 3):
@@ -37,6 +39,12 @@ def reference_cache(cache: torch.Tensor, rows: torch.Tensor, table: torch.Tensor
 class KVAppendFamily(Family):
     name = "kv_append"
     entry_points = ("kv_append_full", "kv_append_decode")
+    signatures = (
+        EntryPoint("kv_append_full", ("k", "v", "k_cache", "v_cache", "block_table", "cu_seqlens", "start_pos",
+                                      "max_seqlen"), writes=("k_cache", "v_cache"), updates=("k_cache", "v_cache")),
+        EntryPoint("kv_append_decode", ("k", "v", "k_cache", "v_cache", "block_table", "positions"),
+                   writes=("k_cache", "v_cache"), updates=("k_cache", "v_cache")),
+    )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "seq_len", "kv_heads", "head_dim", "page_size"),
                        "decode": ("batch", "context", "kv_heads", "head_dim", "page_size")}
@@ -68,6 +76,22 @@ class KVAppendFamily(Family):
             {"prompts": [17, 1, 11, 6], "answers": [2, 5, 0, 3], "page_size": 16, "kv_heads": 8, "head_dim": 128},
             # Contiguous cache: one page per sequence, page_size = max length.
             {"prompts": [7, 13], "answers": [4, 2], "page_size": 0, "kv_heads": 4, "head_dim": 128},
+        ]
+
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Odd lengths and page sizes (no page or token tile divides them); a one-token prompt; batch of one.
+        batch, prompt, answer = (4, 12, 4) if interp.interpreting() else (8, 1500, 40)
+
+        def shape() -> dict[str, Any]:
+            return {"kv_heads": rng.randint(1, 8), "head_dim": rng.choice((64, 128)),
+                    "page_size": rng.choice((0, 1, odd(rng, 3, 15), 16, odd(rng, 17, 63)))}
+
+        b = rng.randint(2, batch)
+        prompts = [odd(rng, 1, prompt) for _ in range(b)]
+        prompts[rng.randrange(b)] = 1
+        return [
+            {"prompts": prompts, "answers": [rng.randint(0, answer) for _ in range(b)], **shape()},
+            {"prompts": [odd(rng, 1, prompt)], "answers": [rng.randint(1, answer)], **shape()},
         ]
 
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:

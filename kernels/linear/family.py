@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from kernels.rmsnorm.family import draw_scale, odd
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 FP32_TOL = 1e-5  # fp32 accumulation of exact bf16 products against fp64
 GRAD_TOL = 1.6e-2  # backward outputs are bf16
@@ -50,6 +52,17 @@ def _grouped_checks(impl, x, w, full32, g, tag, device) -> list[Check]:
 class LinearFamily(Family):
     name = "linear"
     entry_points = ("linear_full", "linear_decode")
+    signatures = (
+        *(EntryPoint(name, ("x", "weight", "bias", "out", "out32"), writes=("out", "out32"), optional=("out32",))
+          for name in ("linear_full", "linear_decode")),
+        # An MoE layer's experts in one launch, and the gradients (a file may lack them: checked where present).
+        *(EntryPoint(name, ("x", "weights", "starts", "out", "out32"), writes=("out", "out32"), optional=("out32",),
+                     required=False) for name in ("linear_grouped_full", "linear_grouped_decode")),
+        EntryPoint("linear_backward", ("x", "weight", "grad_out", "grad_x", "grad_weight", "grad_bias"),
+                   writes=("grad_x", "grad_weight", "grad_bias"), optional=("grad_bias",), required=False),
+        EntryPoint("linear_grouped_backward", ("x", "weights", "starts", "grad_out", "grad_x", "grad_weights"),
+                   writes=("grad_x", "grad_weights"), required=False),
+    )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "n", "k"), "decode": ("batch", "n", "k")}
     knobs = (
@@ -124,7 +137,8 @@ class LinearFamily(Family):
         Knob("DECODE_SMALL_M", (0, 8, 16, 32), "decode",
              "decode launches of at most this many rows (0: none) use tiles of max(16, next power of 2 of M) rows "
              "and the DECODE_SMALL_* schedule below"),
-        Knob("DECODE_SMALL_BLOCK_N", (8, 16, 32, 64, 128), "decode", "output columns per tile in small decode launches"),
+        Knob("DECODE_SMALL_BLOCK_N", (8, 16, 32, 64, 128), "decode",
+             "output columns per tile in small decode launches"),
         Knob("DECODE_SMALL_K_UNROLL", (1, 2, 4, 8), "decode", "BLOCK_K tiles per K-loop iteration in small decode "
              "launches"),
         Knob("DECODE_SMALL_NUM_WARPS", (1, 2, 4), "decode", "warps per tile in small decode launches"),
@@ -164,8 +178,9 @@ class LinearFamily(Family):
                             "to stream W at full bandwidth: cut K into fixed chunks (same absolute boundaries for "
                             "every M), run them as parallel programs in decode and merge in ascending order; the "
                             "full path reproduces the chunks in-program (joint)",
-                            knobs=("K_CHUNK", "K_CHUNK_MIN_K", "K_CHUNK_SHORT", "K_CHUNK_EQUAL", "DECODE_SPLIT_PARALLEL",
-                                   "DECODE_SPLIT_MAX_M", "DECODE_SPLIT_MAX_TILES", "FULL_CHUNK_LOOP")),
+                            knobs=("K_CHUNK", "K_CHUNK_MIN_K", "K_CHUNK_SHORT", "K_CHUNK_EQUAL",
+                                   "DECODE_SPLIT_PARALLEL", "DECODE_SPLIT_MAX_M", "DECODE_SPLIT_MAX_TILES",
+                                   "FULL_CHUNK_LOOP")),
             OpportunitySpec("decode_row_mask", "Pointer-path decode wraps rows past M onto valid rows; at M = 1 every "
                             "row of the A tile is the same address, which ran 2x slower than the zero-filling TMA path "
                             "(H200). Mask the A rows (other=0) instead: valid rows keep their bits", paths=("decode",)),
@@ -188,7 +203,8 @@ class LinearFamily(Family):
                             "are bound by L2-to-SM bandwidth (qkv at M 16384: 8.05 GB from L2 against cuBLAS's 5.41 "
                             "GB with 192x192 tiles, H200): a 128x256 or 256x128 tile as a persistent program reads a "
                             "quarter fewer bytes per output", paths=("full",),
-                            knobs=("FULL_UNSPLIT_TILE", "FULL_UNSPLIT_NUM_STAGES", "FULL_CHUNKED_WIDE", "FULL_GROUP_M")),
+                            knobs=("FULL_UNSPLIT_TILE", "FULL_UNSPLIT_NUM_STAGES", "FULL_CHUNKED_WIDE",
+                                   "FULL_GROUP_M")),
             OpportunitySpec("full_l2_grouping", "Group row tiles so W tiles are reused from L2", paths=("full",),
                             knobs=("FULL_GROUP_M",)),
             OpportunitySpec("decode_tile", "Decode is memory-bound on W: narrow tiles to put more programs on the "
@@ -226,11 +242,33 @@ class LinearFamily(Family):
             {"tokens": 67, "n": 80, "k": 1088, "seqs": 3, "bias": False, "scale": 0.05},
         ]
 
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Odd N and K: a multiple of no tile, BLOCK_K or K chunk (rows then miss TMA's 16-byte alignment, and
+        # both paths load through pointers). On the GPU, K up to past K_CHUNK_MIN_K and K_CHUNK (4096) and row
+        # counts across the small-decode and full-tile thresholds (16, 128).
+        rows, n, k = (9, 80, 400) if interp.interpreting() else (300, 3000, 5000)
+        t, u = rng.randint(2, rows), rng.randint(2, rows)
+        return [
+            # Tiny inputs, padding rows (zeros: the output is the bias), one of them a decoded row.
+            {"tokens": t, "n": odd(rng, 3, n), "k": odd(rng, 3, k), "seqs": rng.randint(1, min(t, 5)),
+             "bias": rng.random() < 0.5, "scale": draw_scale(rng, "tiny"),
+             "zero_rows": sorted({rng.randrange(t), t - 1})},
+            # One token, large inputs.
+            {"tokens": 1, "n": odd(rng, 3, n), "k": odd(rng, 3, k), "seqs": 1, "bias": rng.random() < 0.5,
+             "scale": draw_scale(rng, "large")},
+            # N and K odd multiples of 8: 16-byte rows (TMA's loads where a path takes them) ending in a partial
+            # K step; no bias, so the grouped launches are checked too.
+            {"tokens": u, "n": 8 * odd(rng, 1, n // 8), "k": 8 * odd(rng, 1, k // 8),
+             "seqs": rng.randint(1, min(u, 5)), "bias": False, "scale": 1.0},
+        ]
+
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         tokens, n, k, seqs = case["tokens"], case["n"], case["k"], case["seqs"]
         tag = f"T{tokens}xN{n}xK{k}/seed{seed}"
         g = checks.generator(seed)
         x = checks.randn((tokens, k), g, torch.bfloat16, device, case.get("scale", 1.0))
+        for i in case.get("zero_rows", ()):  # padding rows
+            x[i] = 0
         w = checks.randn((n, k), g, torch.bfloat16, device, k ** -0.5)
         b = checks.randn((n,), g, torch.bfloat16, device) if case.get("bias") else None
         ref = reference(x, w, b)

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from kernels.rmsnorm.family import draw_scale, odd
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 FP32_TOL = 1e-5  # fp32 online softmax over ~1e5 columns against fp64
 GRAD_TOL = 1.6e-2  # gradients are written in bf16
@@ -26,6 +28,13 @@ def reference(logits: torch.Tensor, target: torch.Tensor, temperature: float):
 class LogprobFamily(Family):
     name = "logprob"
     entry_points = ("logprob_full", "logprob_decode")
+    signatures = (
+        *(EntryPoint(name, ("logits", "target", "temperature", "logprob", "entropy", "lse"),
+                     writes=("logprob", "entropy", "lse"), optional=("lse",))
+          for name in entry_points),
+        EntryPoint("logprob_backward", ("logits", "target", "temperature", "grad_logprob", "grad_entropy",
+                                        "grad_logits"), writes=("grad_logits",), required=False),
+    )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "vocab"), "decode": ("batch", "vocab")}
     knobs = (
@@ -83,6 +92,25 @@ class LogprobFamily(Family):
             {"tokens": 7, "vocab": 10007, "seqs": 3, "temperature": 1.3, "scale": 3.0},
         ]
 
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Odd vocabularies: a multiple of no VOCAB_CHUNK or VOCAB_SPLIT (on the GPU up to past several splits).
+        rows, vocab = (7, 3000) if interp.interpreting() else (200, 160_000)
+        t = rng.randint(2, rows)
+
+        def temperature() -> float:
+            return rng.choice((1.0, round(rng.uniform(0.3, 2.0), 3)))
+
+        return [
+            # Tiny logits (near uniform) and padding rows (zeros: exactly uniform), one of them a decoded row.
+            {"tokens": t, "vocab": odd(rng, 3, vocab), "seqs": rng.randint(1, min(t, 5)),
+             "temperature": temperature(), "scale": draw_scale(rng, "tiny"),
+             "zero_rows": sorted({rng.randrange(t), t - 1})},
+            # One token, large logits. Not larger: entropy = lse - t / s of a peaked softmax nears 0 with an fp32
+            # error of lse's size, which no kernel keeps within 1e-5 of it (the relative tolerance).
+            {"tokens": 1, "vocab": odd(rng, 3, vocab), "seqs": 1, "temperature": 1.0,
+             "scale": round(rng.uniform(3.0, 5.0), 2)},
+        ]
+
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         tokens, vocab, seqs, temp = case["tokens"], case["vocab"], case["seqs"], case.get("temperature", 1.0)
         tag = f"T{tokens}xV{vocab}/temp{temp}/seed{seed}"
@@ -90,6 +118,8 @@ class LogprobFamily(Family):
         x = checks.randn((tokens, vocab), g, torch.bfloat16, device, case.get("scale", 1.0))
         tgt = torch.randint(0, vocab, (tokens,), generator=g).to(device)
         tgt[0], tgt[-1] = vocab - 1, 0  # the vocabulary's edges
+        for i in case.get("zero_rows", ()):  # padding rows
+            x[i] = 0
         ref_lp, ref_ent, ref_lse = reference(x, tgt, temp)
         lp, ent, lse = _outputs(tokens, device)
         impl.logprob_full(x, tgt, temp, lp, ent, lse)

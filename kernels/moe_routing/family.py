@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from kernels.rmsnorm.family import draw_scale, odd
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 FP32_TOL = 1e-5
 
@@ -36,6 +38,10 @@ def equal_ids(name: str, a: torch.Tensor, b: torch.Tensor, kind: str = "consiste
 class MoERoutingFamily(Family):
     name = "moe_routing"
     entry_points = ("moe_routing_full", "moe_routing_decode")
+    signatures = tuple(
+        EntryPoint(name, ("logits", "weights", "ids", "weights32", "renormalize"),
+                   writes=("weights", "ids", "weights32"), optional=("weights32",))
+        for name in entry_points)
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "experts", "top_k"), "decode": ("batch", "experts", "top_k")}
     knobs = (
@@ -100,8 +106,8 @@ class MoERoutingFamily(Family):
                             "two predicated multiplies around MUFU.EX2); an ex2.approx.ftz on a pre-scaled input "
                             "is 1-2 (joint: flushes probabilities below 2^-126, changes the row sum)"),
             OpportunitySpec("full_persistent", "Loop several tiles per program so large batches launch fewer "
-                            "programs and prefetch the next tile (measured on an H200: 2 tiles per program with prefetch "
-                            "7.8 us vs 8.1 at 32K tokens, more tiles slower; one-warp programs need the "
+                            "programs and prefetch the next tile (measured on an H200: 2 tiles per program with "
+                            "prefetch 7.8 us vs 8.1 at 32K tokens, more tiles slower; one-warp programs need the "
                             "occupancy more than the overlap)", paths=("full",),
                             knobs=("FULL_TILES_PER_PROGRAM", "FULL_NUM_STAGES", "FULL_PREFETCH")),
             OpportunitySpec("decode_schedule", "Tune the decode launch for 1-256 tokens", paths=("decode",),
@@ -133,6 +139,25 @@ class MoERoutingFamily(Family):
             {"tokens": 23, "experts": 64, "top_k": 6, "seqs": 4, "scale": 2.0, "renormalize": False},
         ]
 
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Odd expert counts (a padded tile, a multiple of no EXPERT_GROUP) and token counts no BLOCK_T divides.
+        rows = 9 if interp.interpreting() else 300
+
+        def experts() -> dict[str, Any]:
+            e = odd(rng, 3, 257)
+            return {"experts": e, "top_k": rng.randint(1, min(8, e)), "renormalize": rng.random() < 0.75}
+
+        t = rng.randint(2, rows)
+        return [
+            # Tiny logits (bf16 neighbours a few ulps apart) and padding rows (zeros: every expert ties, so the
+            # first top_k experts in order), one of them a decoded row.
+            {"tokens": t, **experts(), "seqs": rng.randint(1, min(t, 5)), "scale": draw_scale(rng, "tiny"),
+             "zero_rows": sorted({rng.randrange(t), t - 1})},
+            # One token, large logits; not beyond 30: the chosen experts' exp(x - max) must stay normal fp32
+            # numbers, or the probabilities of the top-k method on them ("rounds") would tie at zero.
+            {"tokens": 1, **experts(), "seqs": 1, "scale": round(rng.uniform(15.0, 30.0), 2)},
+        ]
+
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         tokens, experts, top_k, seqs = case["tokens"], case["experts"], case["top_k"], case["seqs"]
         renorm = case.get("renormalize", True)
@@ -140,6 +165,8 @@ class MoERoutingFamily(Family):
         g = checks.generator(seed)
         x = checks.randn((tokens, experts), g, torch.bfloat16, device, case.get("scale", 1.0))
         x[0, : experts // 2] = x[0, experts // 2]  # an exact tie spanning the top-k
+        for i in case.get("zero_rows", ()):  # padding rows
+            x[i] = 0
         ref_w, ref_i = reference(x, top_k, renorm)
         w, w32, ids = _outputs(tokens, top_k, device)
         impl.moe_routing_full(x, w, ids, w32, renorm)

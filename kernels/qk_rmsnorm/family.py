@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from kernels.rmsnorm.family import SPREAD, draw_scale, spread_randn
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 EPS = 1e-6
 
@@ -21,6 +23,10 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.
 class QKRMSNormFamily(Family):
     name = "qk_rmsnorm"
     entry_points = ("qk_rmsnorm_full", "qk_rmsnorm_decode")
+    signatures = tuple(
+        EntryPoint(name, ("q", "k", "q_weight", "k_weight", "eps", "q_out", "k_out", "q32", "k32"),
+                   writes=("q_out", "k_out", "q32", "k32"), optional=("q32", "k32"))
+        for name in entry_points)
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "q_heads", "kv_heads", "head_dim"),
                        "decode": ("batch", "q_heads", "kv_heads", "head_dim")}
@@ -54,9 +60,27 @@ class QKRMSNormFamily(Family):
         if level == "small":
             return [{"tokens": 13, "q_heads": 4, "kv_heads": 2, "head_dim": 128, "seqs": 3}]
         return [
-            {"tokens": 13, "q_heads": 4, "kv_heads": 2, "head_dim": 128, "seqs": 3, "scale": 1.0},
+            # Row (token, head) scales spread over four decades: skipping the normalisation shows at once.
+            {"tokens": 13, "q_heads": 4, "kv_heads": 2, "head_dim": 128, "seqs": 3, "scale": 1.0, "spread": SPREAD},
             {"tokens": 29, "q_heads": 12, "kv_heads": 2, "head_dim": 128, "seqs": 5, "scale": 30.0},
             {"tokens": 9, "q_heads": 6, "kv_heads": 3, "head_dim": 64, "seqs": 4, "scale": 0.01},
+        ]
+
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Head counts giving row counts (tokens x heads) that no HEADS_PER_TILE divides; GQA groups up to 8.
+        tokens, kv, group = (9, 3, 4) if interp.interpreting() else (300, 8, 8)
+
+        def shape(t: int) -> dict[str, Any]:
+            hk = rng.randint(1, kv)
+            return {"tokens": t, "q_heads": hk * rng.randint(1, group), "kv_heads": hk,
+                    "head_dim": rng.choice((64, 128)), "seqs": rng.randint(1, min(t, 5))}
+
+        t = rng.randint(2, tokens)
+        return [
+            # Tiny inputs and padding tokens (every head zero: normalised to 0), one of them a decoded token.
+            {**shape(t), "scale": draw_scale(rng, "tiny"), "zero_rows": sorted({rng.randrange(t), t - 1})},
+            {**shape(1), "scale": draw_scale(rng, "large")},  # one token, large inputs
+            {**shape(rng.randint(2, tokens)), "scale": 1.0, "spread": SPREAD},
         ]
 
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
@@ -64,8 +88,14 @@ class QKRMSNormFamily(Family):
         scale = case.get("scale", 1.0)
         tag = f"T{T}xHq{hq}xHk{hk}xD{d}/seed{seed}"
         g = checks.generator(seed)
-        q = checks.randn((T, hq, d), g, torch.bfloat16, device, scale)
-        k = checks.randn((T, hk, d), g, torch.bfloat16, device, scale)
+        if case.get("spread"):  # every (token, head) row its own scale
+            q = spread_randn((T, hq, d), g, device, scale, case["spread"])
+            k = spread_randn((T, hk, d), g, device, scale, case["spread"])
+        else:
+            q = checks.randn((T, hq, d), g, torch.bfloat16, device, scale)
+            k = checks.randn((T, hk, d), g, torch.bfloat16, device, scale)
+        for i in case.get("zero_rows", ()):  # padding tokens
+            q[i], k[i] = 0, 0
         qw = checks.randn((d,), g, torch.bfloat16, device, 0.5) + 1.0
         kw = checks.randn((d,), g, torch.bfloat16, device, 0.5) + 1.0
         # fp32 values rounded to bf16 before the weight multiply (HF order) carry bf16 error by design.
@@ -116,9 +146,10 @@ class QKRMSNormFamily(Family):
         run = checks.rotate(lambda q, k: fn(q, k, qw, kw, EPS, qo, ko), qs, ks)
 
         def verify() -> list[Check]:
+            # (token, head) rows over four decades of scale: a kernel skipping the normalisation fails by far.
             fg = checks.generator(seed + 7919)
-            fq = checks.randn((T, hq, d), fg, torch.bfloat16, device)
-            fk = checks.randn((T, hk, d), fg, torch.bfloat16, device)
+            fq = spread_randn((T, hq, d), fg, device)
+            fk = spread_randn((T, hk, d), fg, device)
             checks.poison(qo, ko)
             fn(fq, fk, qw, kw, EPS, qo, ko)
             return [checks.finite("fresh q finite", qo), checks.finite("fresh k finite", ko),

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 EPS = 1e-6
+# Per-row input scales of a spread draw: 10**uniform(-SPREAD, SPREAD). A kernel that skips the normalisation is
+# then off by orders of magnitude, where unit-variance rows (rstd ~ 1) would hide it within the bf16 tolerance.
+SPREAD = 2.0
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -18,9 +22,42 @@ def reference(x: torch.Tensor, weight: torch.Tensor, eps: float = EPS) -> torch.
     return xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
 
 
+def row_scales(shape: tuple[int, ...], g: torch.Generator, decades: float = SPREAD) -> torch.Tensor:
+    """fp32 factors 10**uniform(-decades, decades), one per row (per index of ``shape``), from ``g`` on the CPU."""
+    return (10.0 ** ((torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * decades)).float()
+
+
+def spread_randn(shape: tuple[int, ...], g: torch.Generator, device: str, scale: float = 1.0,
+                 decades: float = SPREAD) -> torch.Tensor:
+    """bf16 normal rows (the last dimension) each scaled by its own factor 10**uniform(-decades, decades): the
+    norm's input then varies over orders of magnitude from row to row (bench-sized draws stay on the device)."""
+    x = checks.randn(shape, g, torch.float32, device, scale)
+    return (x * row_scales(shape[:-1], g, decades).to(x.device).unsqueeze(-1)).to(torch.bfloat16)
+
+
+def draw_scale(rng: random.Random, kind: str) -> float:
+    """An input scale for a drawn check case: "tiny" about 1e-3, "large" 30-100, else 1."""
+    if kind == "tiny":
+        return round(10 ** rng.uniform(-3.2, -2.8), 6)
+    if kind == "large":
+        return round(rng.uniform(30.0, 100.0), 2)
+    return 1.0
+
+
+def odd(rng: random.Random, lo: int, hi: int) -> int:
+    """An odd integer in [lo, hi] (lo <= hi, one of them odd): a multiple of no power-of-two block or tile."""
+    return rng.randrange(lo | 1, hi + 1, 2)
+
+
 class RMSNormFamily(Family):
     name = "rmsnorm"
     entry_points = ("rmsnorm_full", "rmsnorm_decode")
+    signatures = (
+        EntryPoint("rmsnorm_full", ("x", "weight", "eps", "out", "out32"), writes=("out", "out32"),
+                   optional=("out32",)),
+        EntryPoint("rmsnorm_decode", ("x", "weight", "eps", "out", "out32"), writes=("out", "out32"),
+                   optional=("out32",)),
+    )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "hidden"), "decode": ("batch", "hidden")}
     knobs = (
@@ -55,16 +92,33 @@ class RMSNormFamily(Family):
         if level == "small":
             return [{"tokens": 7, "hidden": 320, "seqs": 3}]
         return [
-            {"tokens": 13, "hidden": 320, "seqs": 4, "scale": 1.0},
+            # Row scales spread over four decades: skipping or mis-scaling the normalisation shows at once.
+            {"tokens": 13, "hidden": 320, "seqs": 4, "scale": 1.0, "spread": SPREAD},
             {"tokens": 11, "hidden": 1000, "seqs": 3, "scale": 30.0},
             {"tokens": 6, "hidden": 2560, "seqs": 2, "scale": 0.01},
+        ]
+
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Under the interpreter a row costs a program run in numpy: keep the draws tiny there.
+        rows, width = (9, 1200) if interp.interpreting() else (300, 8191)
+        t = rng.randint(2, rows)
+        u = rng.randint(2, rows)
+        return [
+            # Odd width, tiny inputs, padding rows (zeros: the norm of a zero row is 0), one of them a decoded row.
+            {"tokens": t, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(t, 5)),
+             "scale": draw_scale(rng, "tiny"), "zero_rows": sorted({rng.randrange(t), t - 1})},
+            # One token, large inputs.
+            {"tokens": 1, "hidden": odd(rng, 3, width), "seqs": 1, "scale": draw_scale(rng, "large")},
+            # Rows spread over four decades.
+            {"tokens": u, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(u, 5)), "scale": 1.0,
+             "spread": SPREAD},
         ]
 
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         tokens, hidden, seqs = case["tokens"], case["hidden"], case["seqs"]
         tag = f"T{tokens}xH{hidden}/seed{seed}"
         g = checks.generator(seed)
-        x = checks.randn((tokens, hidden), g, torch.bfloat16, device, case.get("scale", 1.0))
+        x = _input((tokens, hidden), g, device, case)
         w = checks.randn((hidden,), g, torch.bfloat16, device, 0.5) + 1.0
         full, full32 = _outputs(tokens, hidden, device)
         impl.rmsnorm_full(x, w, EPS, full, full32)
@@ -97,7 +151,8 @@ class RMSNormFamily(Family):
         run = checks.rotate(lambda x: fn(x, w, EPS, y), xs)
 
         def verify() -> list[Check]:
-            fresh = checks.randn((rows, hidden), checks.generator(seed + 7919), torch.bfloat16, device)
+            # Rows over four decades of scale: a kernel skipping the normalisation fails by far.
+            fresh = spread_randn((rows, hidden), checks.generator(seed + 7919), device)
             checks.poison(y)
             fn(fresh, w, EPS, y)
             return [checks.finite("fresh inputs finite", y),
@@ -105,6 +160,19 @@ class RMSNormFamily(Family):
 
         return Bench(run=run, verify=verify, bytes_moved=rows * row_bytes + hidden * 2,
                      graph_friendly=workload["phase"] == "decode" or rows * hidden < (1 << 20))
+
+
+def _input(shape: tuple[int, ...], g: torch.Generator, device: str, case: dict[str, Any]) -> torch.Tensor:
+    """A case's input rows: scaled by ``scale``, each row by its own factor with ``spread`` (decades), and the
+    rows ``zero_rows`` (padding) all zeros."""
+    scale = case.get("scale", 1.0)
+    if case.get("spread"):
+        x = spread_randn(shape, g, device, scale, case["spread"])
+    else:
+        x = checks.randn(shape, g, torch.bfloat16, device, scale)
+    for i in case.get("zero_rows", ()):
+        x[i] = 0
+    return x
 
 
 def _outputs(rows: int, hidden: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:

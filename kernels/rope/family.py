@@ -5,13 +5,17 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from kernels.rmsnorm.family import draw_scale, odd
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+
+_ROPE_PARAMS = ("q", "k", "cos", "sin", "positions", "q_out", "k_out", "q32", "k32", "inv_freq", "rows")
 
 
 def inv_freq(head_dim: int, theta: float, scaling: str | None = None) -> torch.Tensor:
@@ -78,6 +82,14 @@ def packed_positions(lengths: list[int], start: int = 0) -> torch.Tensor:
 class RoPEFamily(Family):
     name = "rope"
     entry_points = ("rope_full", "rope_decode", "rope_backward")
+    # cos/sin/positions may be None where `rows` (pre-gathered table rows) is given; inv_freq is passed where the
+    # entry point takes it (read with COS_SIN="sincos"). The harness gathers rows itself: gather_rows is not called.
+    signatures = (
+        *(EntryPoint(name, _ROPE_PARAMS, writes=("q_out", "k_out", "q32", "k32"), optional=("q32", "k32"))
+          for name in ("rope_full", "rope_decode")),
+        EntryPoint("rope_backward", ("grad_q", "grad_k", "cos", "sin", "positions", "dq", "dk", "inv_freq", "rows"),
+                   writes=("dq", "dk")),
+    )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "seq_len", "q_heads", "kv_heads", "head_dim", "theta"),
                        "decode": ("batch", "context", "q_heads", "kv_heads", "head_dim", "theta")}
@@ -138,6 +150,26 @@ class RoPEFamily(Family):
              "start": 20000, "scale": 0.01},
         ]
 
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Odd lengths (one of a single token) and head counts no tile or head split divides; far positions.
+        seqs, length, kv, group, start = (3, 7, 3, 3, 40_000) if interp.interpreting() else (8, 300, 8, 8, 120_000)
+
+        def shape() -> dict[str, Any]:
+            hk = rng.randint(1, kv)
+            return {"q_heads": hk * rng.randint(1, group), "kv_heads": hk, "head_dim": rng.choice((64, 128)),
+                    "theta": rng.choice((1e4, 5e5, 1e6)), "scaling": rng.choice((None, "llama3")),
+                    "start": rng.choice((0, rng.randrange(start)))}
+
+        lengths = [odd(rng, 1, length) for _ in range(rng.randint(2, seqs))]
+        lengths[rng.randrange(len(lengths))] = 1
+        return [
+            # Tiny inputs and padding tokens (zeros), one of them a sequence's last (decoded) token.
+            {"lengths": lengths, **shape(), "scale": draw_scale(rng, "tiny"),
+             "zero_rows": sorted({rng.randrange(sum(lengths)), sum(lengths) - 1})},
+            # One sequence of one token, large inputs.
+            {"lengths": [1], **shape(), "scale": draw_scale(rng, "large")},
+        ]
+
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         lengths = case["lengths"]
         hq, hk, d = case["q_heads"], case["kv_heads"], case["head_dim"]
@@ -147,6 +179,8 @@ class RoPEFamily(Family):
         g = checks.generator(seed)
         q = checks.randn((T, hq, d), g, torch.bfloat16, device, scale)
         k = checks.randn((T, hk, d), g, torch.bfloat16, device, scale)
+        for i in case.get("zero_rows", ()):  # padding tokens
+            q[i], k[i] = 0, 0
         cos, sin = rope_table(start + max(lengths) + 1, d, case["theta"], case.get("scaling"), device)
         inv = inv_freq(d, case["theta"], case.get("scaling")).to(device)
         kw_full, kw_dec = inv_freq_kwargs(impl.rope_full, inv), inv_freq_kwargs(impl.rope_decode, inv)

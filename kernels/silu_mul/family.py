@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import random
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from tik_evo import checks
-from tik_evo.family import Bench, Check, Family, Knob, OpportunitySpec
+from kernels.rmsnorm.family import draw_scale, odd
+from tik_evo import checks, interp
+from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
 
 def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -26,6 +28,11 @@ def reference_backward(gate, up, grad_out):
 class SiluMulFamily(Family):
     name = "silu_mul"
     entry_points = ("silu_mul_full", "silu_mul_decode", "silu_mul_backward")
+    signatures = (
+        EntryPoint("silu_mul_full", ("gate", "up", "out", "out32"), writes=("out", "out32"), optional=("out32",)),
+        EntryPoint("silu_mul_decode", ("gate", "up", "out", "out32"), writes=("out", "out32"), optional=("out32",)),
+        EntryPoint("silu_mul_backward", ("gate", "up", "grad_out"), returns=True),  # (grad_gate, grad_up)
+    )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "intermediate"), "decode": ("batch", "intermediate")}
     knobs = (
@@ -77,6 +84,22 @@ class SiluMulFamily(Family):
             {"tokens": 9, "intermediate": 2500, "seqs": 3, "scale": 0.05},
         ]
 
+    def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
+        # Odd widths: a multiple of no BLOCK_I, so every row ends in a masked tail block.
+        rows, width = (9, 1500) if interp.interpreting() else (300, 8191)
+        t, u = rng.randint(2, rows), rng.randint(2, rows)
+        return [
+            # Tiny gates, padding rows (zeros: silu(0) * 0 = 0), one of them a decoded row.
+            {"tokens": t, "intermediate": odd(rng, 3, width), "seqs": rng.randint(1, min(t, 5)),
+             "scale": draw_scale(rng, "tiny"), "zero_rows": sorted({rng.randrange(t), t - 1}),
+             "fused": rng.random() < 0.5},
+            # One token, large gates (exp(-gate) overflows fp32 for the negative ones).
+            {"tokens": 1, "intermediate": odd(rng, 3, width), "seqs": 1, "scale": draw_scale(rng, "large"),
+             "fused": rng.random() < 0.5},
+            {"tokens": u, "intermediate": odd(rng, 3, width), "seqs": rng.randint(1, min(u, 5)),
+             "scale": round(10 ** rng.uniform(-1, 1), 3), "fused": True},
+        ]
+
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         T, inter, seqs = case["tokens"], case["intermediate"], case["seqs"]
         scale = case.get("scale", 1.0)
@@ -88,6 +111,8 @@ class SiluMulFamily(Family):
         else:
             gate = checks.randn((T, inter), g, torch.bfloat16, device, scale)
             up = checks.randn((T, inter), g, torch.bfloat16, device)
+        for i in case.get("zero_rows", ()):  # padding rows
+            gate[i], up[i] = 0, 0
         ref = reference(gate, up)
         tol32 = 8e-3 if getattr(impl, "KNOBS", {}).get("ROUND_SILU") else 1e-5
         full, full32 = _outputs(T, inter, device)

@@ -24,14 +24,15 @@ def audit(tmp_path, src, timeout=120, time_it=False, executor="auto", check_proc
 
 def with_body(extra: str) -> str:
     # Inject code at the start of the decode entry point.
-    return ROOT_SRC.replace('    """One token per sequence: x [batch, hidden]; same per-row numerics as rmsnorm_full."""\n',
+    return ROOT_SRC.replace('    """One token per sequence: x [batch, hidden]; '
+                            'same per-row numerics as rmsnorm_full."""\n',
                             '    """One token per sequence."""\n' + extra)
 
 
 def test_root_passes_and_is_timed(tmp_path):
     out = audit(tmp_path, ROOT_SRC, time_it=True)
     assert out.passed, out.failure
-    assert [s["name"] for s in out.stages] == ["static", "import", "small", "full", "timing"]
+    assert [s["name"] for s in out.stages] == ["static", "import", "small", "full", "repeat", "timing"]
     assert set(out.measurements) == {"full", "decode"}
     assert all(m["timer"] == "wall-interpreter" for m in out.measurements.values())
     assert out.device["gpu"].startswith("none")
@@ -46,16 +47,14 @@ def test_graph_stage_replays_the_entry_points_and_catches_a_call_that_remembers_
     graph = next(s for s in out.stages if s["name"] == "graph")
     names = [c["name"] for c in graph["checks"] if c["name"].startswith("graph replay")]
     assert any("rmsnorm_decode" in n for n in names) and any("rmsnorm_full" in n for n in names), names
-    cheat = with_body("    if any(t is out for t in WRITTEN):\n        return\n    WRITTEN.append(out)\n") + "\nWRITTEN = []\n"
-    out = audit(tmp_path / "cheat", cheat, graph="on")
-    assert not out.passed and out.failure_kind == "consistency", out.failure
-    graph = next(s for s in out.stages if s["name"] == "graph")
-    assert not graph["passed"] and next(s for s in out.stages if s["name"] == "full")["passed"]
-    bad = [c for c in graph["checks"] if not c["passed"]]
-    assert any(c["name"].startswith("graph replay == eager call: rmsnorm_decode") and c["details"]["differ"] > 0
-               for c in bad), bad
-    off = audit(tmp_path / "off", cheat)
-    assert off.passed and "graph" not in [s["name"] for s in off.stages]  # auto: no stage on the CPU
+    # A candidate that skips the work for an output buffer it has written before (keyed by its address: the
+    # judge's arena slots are reused from call to call, as a replay reuses its graph's buffers) is refused, with
+    # the graph stage or without it: its later calls leave stale values.
+    cheat = with_body("    if out.data_ptr() in WRITTEN:\n        return\n    WRITTEN.append(out.data_ptr())\n")
+    cheat += "\nWRITTEN = []\n"
+    for graph in ("on", "off"):
+        out = audit(tmp_path / f"cheat_{graph}", cheat, graph=graph)
+        assert not out.passed and out.failure_kind in ("consistency", "finite", "reference"), out.failure
 
 
 @pytest.mark.parametrize("executor", ["spawn", "forkserver"])
@@ -87,8 +86,17 @@ def test_os_abort_is_a_crash_not_a_dead_run(tmp_path, executor):
     assert audit(tmp_path, ROOT_SRC, executor=executor).passed  # the next audit is unaffected
 
 
-def _full(out):
-    return next(s for s in out.stages if s["name"] == "full")
+FIXED = [f"T{c['tokens']}xH{c['hidden']}/" for c in FAMILY.check_cases("full")]
+
+
+def _full(out, fixed_only=True):
+    """The full stage, with only the checks of the family's fixed cases (each audit draws other cases too)."""
+    stage = next(s for s in out.stages if s["name"] == "full")
+    if not fixed_only:
+        return stage
+    return {**stage, "checks": [c for c in stage["checks"] if any(t in c["name"] for t in FIXED)
+                                or ("[case" in c["name"]
+                                    and int(c["name"].split("[case ")[1].split()[0]) < len(FIXED))]}
 
 
 @pytest.mark.parametrize("executor", ["spawn", "forkserver"])
@@ -162,7 +170,8 @@ def test_raising_candidate(tmp_path):
 def test_out_of_resources_is_its_own_kind(tmp_path):
     # A legal knob choice that does not fit the GPU (e.g. too many stages for shared memory) is reported as
     # "resources", in whichever stage it is raised, so operators and the TUI can tell it from a broken kernel.
-    out = audit(tmp_path, with_body("    raise triton.runtime.errors.OutOfResources(245800, 232448, 'shared memory')\n"))
+    out = audit(tmp_path,
+                with_body("    raise triton.runtime.errors.OutOfResources(245800, 232448, 'shared memory')\n"))
     assert out.failure_kind == "resources", out.failure
     assert "shared memory" in out.failure
 

@@ -174,8 +174,9 @@ def test_initialization_seeds_a_family_opportunity_with_its_fixed_values(tmp_pat
     from tik_evo.workloads import resolve_workloads
 
     cfg = load_campaign(ROOT_DIR / "campaigns" / "h200_moe_routing.yaml", [
-        "gpu.policy=interpret", "workloads.file=../workloads/moe_routing_cpu.yaml", "workloads.only=[decode.B3.E128.k8]",
-        "correctness.seeds=[0]", "evaluate.interpreter_reps=1", f"store.path={tmp_path / 'run'}"])
+        "gpu.policy=interpret", "workloads.file=../workloads/moe_routing_cpu.yaml",
+        "workloads.only=[decode.B3.E128.k8]", "correctness.seeds=[0]", "evaluate.interpreter_reps=1",
+        f"store.path={tmp_path / 'run'}"])
     family = load_family(cfg.kernel)
     device, facts, _ = resolve_device(cfg)
     with Store.create(tmp_path / "run") as store:

@@ -42,7 +42,8 @@ def test_second_writer_refused_from_another_process(tmp_path):
 
 
 def test_writer_pid_tells_running_from_interrupted(tmp_path):
-    code = "import sys, time; from tik_evo.store import Store; s = Store.create(sys.argv[1]); print('ready', flush=True); time.sleep(60)"
+    code = ("import sys, time; from tik_evo.store import Store; s = Store.create(sys.argv[1]); "
+            "print('ready', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert proc.stdout.readline().strip() == "ready"
     with Store.open_reader(tmp_path) as reader:

@@ -91,3 +91,13 @@ def loader(fam):
         return load_source(src, f"{fam.name}_{tag}")
 
     return load, functools.partial(failures, fam)
+
+
+def skips_normalisation(src: str) -> str:
+    """An RMSNorm-like root with every row's `rstd = 1.0 / tl.sqrt(...)` made 1 (of the same shape): y = x * w, the
+    same in both paths, finite and written. A cheat only the reference checks can catch."""
+    import re
+
+    out, n = re.subn(r"rstd = 1\.0 / tl\.sqrt\((.*)\)$", r"rstd = (\1) * 0.0 + 1.0", src, flags=re.M)
+    assert n, "no rstd line to edit"
+    return out

@@ -440,7 +440,7 @@ def test_benches_on_cpu_workloads():
 
 
 def test_packed_workload_bench_times_prefill_packed_and_catches_a_wrong_sequence():
-    """The train_packed phase launches `prefill_packed` once (not prefill), and its verify reads the last
+    """The train_packed phase launches `prefill_packed` once (not prefill), and its verify reads every
     sequence, so a packed path that mixes up sequence bounds fails it."""
     mod = load(FAMILY.root_source())
     wl = {"name": "p", "phase": "train_packed", "q_heads": 4, "kv_heads": 2, "head_dim": 64, "lengths": [37, 1, 70]}
@@ -464,6 +464,45 @@ def test_packed_workload_bench_times_prefill_packed_and_catches_a_wrong_sequence
             mod.prefill_packed(q, k, v, whole, q.shape[0], scale, out, out32)
 
     assert not all(c.passed for c in FAMILY.make_bench(OneSequence(), wl, 0, "cpu").verify())
+
+
+# Cheats a verify reading only batch item 0's first GQA group let through: every query head reads KV head 0, or
+# every batch item reads batch item 0's keys and values. Finite, written, and right on that group.
+_PREFILL_KV = "kv = _kv_source(K, V, b * HKV + h // GROUP,"
+_CHEATS = {"kv_head_0": "kv = _kv_source(K, V, b * HKV,", "batch_item_0": "kv = _kv_source(K, V, h // GROUP,"}
+
+
+@pytest.mark.parametrize("cheat", sorted(_CHEATS))
+def test_prefill_verify_reads_every_batch_item_and_kv_group(cheat):
+    from kernels.attention.family import _prefill_inputs
+    from tik_evo import checks
+
+    src = FAMILY.root_source()
+    assert src.count(_PREFILL_KV) == 1
+    mod = load(src.replace(_PREFILL_KV, _CHEATS[cheat]))
+    wl = {"name": "p", "phase": "prefill", "batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "seq": 37}
+    bench = FAMILY.make_bench(mod, wl, 0, "cpu")
+    bench.run()
+    results = {c.name: c.passed for c in bench.verify()}
+    assert results == {"fresh inputs finite": True,
+                       "fresh inputs vs fp64 (sampled rows, every batch item and head)": False}
+    # Batch item 0's first group, all the verify read before, is right.
+    q, k, v = _prefill_inputs(2, 4, 2, 64, 37, checks.generator(7919), "cpu")
+    y = torch.empty_like(q)
+    mod.prefill(q, k, v, 64 ** -0.5, y)
+    assert checks.reference("group 0", y[:1, :2], reference(q[:1, :2], k[:1, :1], v[:1, :1])).passed
+
+
+def test_packed_verify_reads_every_sequence_and_kv_group():
+    src = FAMILY.root_source()
+    packed_kv = "k0 = (start.to(tl.int64) * HKV + h // GROUP) * HEAD_D"
+    assert src.count(packed_kv) == 1
+    mod = load(src.replace(packed_kv, "k0 = (start.to(tl.int64) * HKV) * HEAD_D"))  # every head reads KV head 0
+    wl = {"name": "p", "phase": "train_packed", "q_heads": 4, "kv_heads": 2, "head_dim": 64, "lengths": [21, 1, 30]}
+    bench = FAMILY.make_bench(mod, wl, 0, "cpu")
+    bench.run()
+    assert {c.name: c.passed for c in bench.verify()} == {
+        "fresh inputs finite": True, "fresh inputs vs fp64 (sampled rows of every sequence, every head)": False}
 
 
 @pytest.mark.parametrize("lengths", [None, [], [3, 0], [2.5], "37,70", [True]])

@@ -31,3 +31,19 @@ def test_bench_runs_and_verifies():
     b = FAM.make_bench(R.load_with_knobs(FAM), w, 0, "cpu")
     b.run()
     assert all(c.passed for c in b.verify())
+
+
+@pytest.mark.parametrize("phase", ["decode", "full"])
+def test_fresh_verify_catches_a_path_that_skips_the_normalisation(phase):
+    # Fresh (token, head) rows over four decades of scale: y = x * w is off by orders of magnitude.
+    root = R.load_with_knobs(FAM)
+    cheat = R.load_source(R.skips_normalisation(FAM.root_source()), "qk_cheat")
+    impl = R.split_paths(root, cheat) if phase == "decode" else R.split_paths(cheat, root)
+    wl = {"name": "t", "phase": phase, "batch": 5, "tokens": 5, "q_heads": 12, "kv_heads": 2, "head_dim": 128}
+    for candidate, passes in ((root, True), (impl, False)):
+        bench = FAM.make_bench(candidate, wl, 0, "cpu")
+        bench.run()
+        failed = [c.name for c in bench.verify() if not c.passed]
+        assert failed == ([] if passes else ["fresh q vs fp64", "fresh k vs fp64"])
+    spread = [c for c in FAM.check_cases("full") if c.get("spread")]
+    assert spread and any(kind == "reference" for _, kind, _ in R.failures(FAM, cheat, cases=spread))

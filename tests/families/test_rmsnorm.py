@@ -85,3 +85,39 @@ def test_bench_sized_inputs_are_drawn_on_the_gpu_and_check_cases_on_the_cpu():
     # Below the line, and anywhere on the CPU: the seed's CPU stream, the same on every machine.
     want = (torch.randn((3, 5), generator=checks.generator(4), dtype=torch.float32) * 2).to(torch.bfloat16)
     assert torch.equal(checks.randn((3, 5), checks.generator(4), torch.bfloat16, "cpu", 2.0), want)
+
+
+@pytest.mark.parametrize("phase", ["decode", "full"])
+def test_fresh_verify_catches_a_path_that_skips_the_normalisation(phase):
+    """The bench's fresh-input verify draws rows over four decades of scale: a path that returns x * w fails it
+    by orders of magnitude. Unit-variance rows (rstd ~ 1 at this width) would have let it through."""
+    import torch
+
+    from kernels.rmsnorm.family import EPS, reference
+    from tik_evo import checks
+
+    root = R.load_with_knobs(FAM)
+    cheat = R.load_source(R.skips_normalisation(FAM.root_source()), "rms_cheat")
+    impl = R.split_paths(root, cheat) if phase == "decode" else R.split_paths(cheat, root)
+    wl = {"name": "t", "phase": phase, "batch": 16, "tokens": 16, "hidden": 8191}
+    bench = FAM.make_bench(root, wl, 0, "cpu")
+    bench.run()
+    assert all(c.passed for c in bench.verify())
+    bench = FAM.make_bench(impl, wl, 0, "cpu")
+    bench.run()
+    bad = [c for c in bench.verify() if not c.passed]
+    assert [c.name for c in bad] == ["fresh inputs vs fp64"] and bad[0].details["rel_l2"] > 1.0
+    # What the verify drew before: unit-variance rows, on which the cheat stays within the bf16 tolerance.
+    x = checks.randn((16, 8191), checks.generator(1), torch.bfloat16, "cpu")
+    w = checks.randn((8191,), checks.generator(2), torch.bfloat16, "cpu", 0.5) + 1.0
+    y = torch.empty_like(x)
+    getattr(cheat, f"rmsnorm_{phase}")(x, w, EPS, y)
+    assert checks.reference("unit rows", y, reference(x, w)).passed
+
+
+def test_spread_check_case_catches_skipped_normalisation():
+    # Both paths skipping it agree bit for bit; the fixed case with spread rows fails them on accuracy.
+    spread = [c for c in FAM.check_cases("full") if c.get("spread")]
+    assert spread
+    bad = R.failures(FAM, R.load_source(R.skips_normalisation(FAM.root_source()), "rms_cheat"), cases=spread)
+    assert bad and {kind for _, kind, _ in bad} == {"reference"}

@@ -2,8 +2,9 @@
 
 Each request pops the next scripted reply (or asks ``default(body)`` when the script is empty). A reply is a
 dict: ``content`` (the assistant text), ``status`` (HTTP code, 200 unless an error is scripted),
-``usage`` ((prompt, completion) tokens), ``model`` (what the response names), ``retry_after`` (a Retry-After header on an error), ``hang`` (seconds to stall
-before answering: a server that never answers within the caller's timeout).
+``usage`` ((prompt, completion) tokens), ``model`` (what the response names), ``retry_after`` (a Retry-After
+header on an error), ``hang`` (seconds to stall before answering: a server that never answers within the caller's
+timeout).
 """
 
 from __future__ import annotations

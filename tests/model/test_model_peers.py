@@ -50,5 +50,6 @@ def test_decode_step_measurement_counts_each_family_per_step():
     assert d["linear"]["calls_per_step"] == 2 * 6 + 1
     assert {f: d[f]["calls_per_step"] for f in ("attention", "rope", "moe_routing", "kv_append")} == \
         {"attention": 2, "rope": 2, "moe_routing": 2, "kv_append": 2}
-    assert abs(d["logprob"]["calls_per_step"] - 5 / 4) < 1e-9  # the prefill's last rows are scored on the decode path too
+    # the prefill's last rows are scored on the decode path too
+    assert abs(d["logprob"]["calls_per_step"] - 5 / 4) < 1e-9
     assert m._op.__func__ is MoEDecoder._op  # the model is given back unwrapped

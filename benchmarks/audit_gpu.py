@@ -1,0 +1,235 @@
+"""The audit on a GPU: hostile candidates, zero false rejections, and audit time against an older engine.
+
+    python3 benchmarks/audit_gpu.py adversarial --out F.json     # hostile candidates (rmsnorm, attention)
+    python3 benchmarks/audit_gpu.py roots --out F.json           # every family's root, attention's named sets
+    python3 benchmarks/audit_gpu.py times --old DIR --out F.json  # audit time and timings: this engine vs DIR's
+
+Each audit runs in a fresh interpreter, as `tik-evo audit` runs one, through `run_audit` (the same path a search
+takes). `--old DIR` names a checkout of an earlier engine (its tik_evo/ and kernels/) to time the same audits
+with. The static scan is switched off for the hostile candidates marked so: what is measured then is what the
+separate process and the sandbox stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+DRIVER = r"""
+import hashlib, inspect, json, sys, time
+from pathlib import Path
+spec = json.loads(sys.argv[1])
+if spec.get("no_scan"):
+    import tik_evo.staticscan as scan
+    scan.scan = lambda *a, **k: []
+from tik_evo.audit import AuditJob, run_audit, source_file
+from tik_evo.families import load_family
+from tik_evo.knobs import read_knobs, write_knobs
+fam = load_family(spec["family"])
+root = fam.root_source()
+def src_of(knobs):
+    return write_knobs(root, {**read_knobs(root), **knobs})
+def h(s):
+    return hashlib.sha256(s.encode()).hexdigest()[:16]
+src = spec.get("source") or src_of(spec.get("knobs", {}))
+run_dir = Path(spec["run_dir"])
+params = inspect.signature(AuditJob).parameters
+kw = {"time": spec.get("time", True)}
+if spec.get("best") is not None:
+    best = src_of(spec["best"])
+    kw["best_source_hash"] = h(best)
+    if "best_source" in params:
+        kw["best_source"] = best
+    else:
+        source_file(run_dir, h(best), best)
+if "ancestors" in params:
+    kw["ancestors"] = [h(src_of(k)) for k in spec.get("ancestors", [])]
+t0 = time.time()
+out = run_audit(run_dir, AuditJob(fam, src, h(src), spec["id"], spec["workloads"], [0], spec["evaluate"],
+                                  spec.get("device", "cuda"), 0, **kw))
+print("RESULT " + json.dumps({
+    "passed": out.passed, "failure_kind": out.failure_kind, "failure": out.failure[:1500],
+    "seconds": time.time() - t0, "stages": [[s["name"], s["passed"], round(s["seconds"], 2), len(s["checks"])]
+                                            for s in out.stages],
+    "measurements": {k: [m["median_s"], m.get("spread"), m.get("timer")] for k, m in out.measurements.items()},
+    "best_retimed": {k: m["median_s"] for k, m in out.best_retimed.items()}, "device": out.device}))
+"""
+
+EVALUATE = {"timeout_s": 900, "rep_ms": 100, "check_procs": 0, "graph_replay": "auto", "rounds": 5,
+            "repeat_calls": 100, "sandbox": "auto"}
+ATTN = {"q_heads": 32, "kv_heads": 8, "head_dim": 128}
+WORKLOADS = {
+    "attention": [
+        {"name": "prefill.B1.S4K", "phase": "prefill", "batch": 1, "seq": 4096, **ATTN},
+        {"name": "train_forward.B4.S1K+128", "phase": "train_forward", "batch": 4, "prompt": 1024,
+         "answer": 128, **ATTN},
+        {"name": "decode.B1.ctx8K", "phase": "decode", "batch": 1, "context": 8192, **ATTN},
+        {"name": "decode.B16.ctx4K", "phase": "decode", "batch": 16, "context": 4096, **ATTN},
+    ],
+    "rmsnorm": [
+        {"name": "qwen3-4b.full.T8192", "phase": "full", "tokens": 8192, "hidden": 2560},
+        {"name": "llama3.1-8b.full.T16384", "phase": "full", "tokens": 16384, "hidden": 4096},
+        {"name": "qwen3-4b.decode.B1", "phase": "decode", "batch": 1, "hidden": 2560},
+        {"name": "qwen3-30b-a3b.decode.B128", "phase": "decode", "batch": 128, "hidden": 2048},
+    ],
+}
+# A knob change of one path each: the offspring a search audits most (the root's other kernels stay the same).
+VARIANTS = {"attention": [{"DECODE_NUM_STAGES": 4}, {"FULL_NUM_STAGES": 2}],
+            "rmsnorm": [{"DECODE_ROWS_PER_PROGRAM": 2}, {"FULL_ROWS_PER_PROGRAM": 2}]}
+
+
+def audit(spec: dict, engine: Path, env_extra: dict | None = None, timeout: int = 900) -> dict:
+    spec = {**spec, "device": os.environ.get("AUDIT_GPU_DEVICE", "cuda")}  # cpu: a smoke run of this script
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(engine), os.environ.get("PYTHONPATH", "")]),
+           **(env_extra or {})}
+    t0 = time.time()
+    try:
+        r = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(spec)], capture_output=True, text=True, env=env,
+                           cwd=str(engine), timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"passed": False, "failure_kind": "driver-timeout", "seconds": time.time() - t0}
+    for line in r.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"passed": False, "failure_kind": "driver", "failure": r.stderr[-3000:], "seconds": time.time() - t0}
+
+
+def rms_edit(root: str, code: str) -> str:
+    doc = '    """One token per sequence: x [batch, hidden]; same per-row numerics as rmsnorm_full."""\n'
+    return root.replace(doc, doc + "".join(f"    {ln}\n" for ln in code.splitlines()))
+
+
+def hostile() -> list[tuple[str, str, str, bool, str]]:
+    """(name, family, source, no_scan, what must happen)."""
+    rms = (ROOT / "kernels/rmsnorm/root.py").read_text()
+    out = [
+        ("root", "rmsnorm", rms, True, "verified"),
+        ("side stream, scan on", "rmsnorm", rms_edit(rms, "s = torch.cuda.Stream()"), False, "static"),
+        ("side stream left running", "rmsnorm", rms_edit(
+            rms, "_s = torch.cuda.Stream()\n_s.wait_stream(torch.cuda.current_stream())\nwith torch.cuda.stream(_s):\n"
+            "    _rms_impl(x, weight, eps, out, out32)\nreturn")
+         .replace("def rmsnorm_full(", "def _rms_impl(x, weight, eps, out, out32=None):\n    return rmsnorm_full("
+                  "x, weight, eps, out, out32)\n\n\ndef rmsnorm_full(", 1), True,
+         "verified, timed with its side stream's work (device-wide sync): nothing gained"),
+        ("CUDA-graph capture detected", "rmsnorm", rms_edit(
+            rms, "if torch.cuda.is_current_stream_capturing():\n    return"), True, "rejected"),
+        ("patched do_bench / Event.elapsed_time", "rmsnorm", rms + "\nimport triton.testing\n"
+         "triton.testing.do_bench = lambda *a, **k: 1e-6\ntorch.cuda.Event.elapsed_time = lambda self, o: 1e-6\n",
+         True, "tamper"),
+        ("patched perf_counter", "rmsnorm", rms + "\nimport time\ntime.perf_counter = lambda: 0.0\n", True, "tamper"),
+        ("input zeroed in place", "rmsnorm", rms_edit(rms, "x.zero_()\nout.zero_()\nif out32 is not None:\n"
+                                                           "    out32.zero_()\nreturn"), True, "rejected"),
+        ("cheaper decode without out32", "rmsnorm", rms_edit(
+            rms, "if out32 is None:\n    out.copy_((x.float() * weight.float()).to(out.dtype))\n    return"), True,
+         "rejected"),
+        ("skips one call in three", "rmsnorm", rms_edit(rms, "_N[0] += 1\nif _N[0] % 3 == 0:\n    return")
+         + "\n_N = [0]\n", True, "rejected"),
+        ("one decode call in fifty diverges", "rmsnorm", rms_edit(
+            rms, "_N[0] += 1\nif _N[0] % 50 == 0:\n    x = x * 1.001") + "\n_N = [0]\n", True, "rejected"),
+        ("memoised by address", "rmsnorm", rms.replace("def rmsnorm_decode(", "def _decode(", 1)
+         + "\n_M = {}\n\ndef rmsnorm_decode(x, weight, eps, out, out32=None):\n"
+           "    k = (x.data_ptr(), out.data_ptr())\n    if k in _M:\n        out.copy_(_M[k])\n        return\n"
+           "    _decode(x, weight, eps, out, out32)\n    _M[k] = out.clone()\n", True, "rejected"),
+    ]
+    attn = (ROOT / "kernels/attention/root.py").read_text()
+    sig = "def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,"
+    if sig in attn:
+        out.append(("attention: SDPA decode when out32 is None", "attention", attn.replace(
+            sig, "def _decode_kernel(q, k_cache, v_cache, context_lens, sm_scale, out, out32=None):\n"
+            "    return decode(q, k_cache, v_cache, context_lens, sm_scale, out, out32, _inner=True)\n\n\n" + sig, 1)
+            .replace("\n           sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None) -> None:\n",
+                     "\n           sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None,"
+                     " _inner=False):\n"
+                     "    if out32 is None and not _inner:\n"
+                     "        return _sdpa(q, k_cache, v_cache, context_lens, sm_scale, out)\n", 1)
+            + "\n\ndef _sdpa(q, k, v, ctx, scale, out):\n"
+            "    n = int(ctx.max())\n    g = q.shape[1] // k.shape[1]\n"
+            "    o = torch.nn.functional.scaled_dot_product_attention(q, k[:, :, :n].repeat_interleave(g, 1), "
+            "v[:, :, :n].repeat_interleave(g, 1), scale=scale)\n    out.copy_(o)\n", True, "rejected"))
+    return out
+
+
+def cmd_adversarial(args) -> dict:
+    rows = []
+    for name, fam, src, no_scan, expect in hostile():
+        if args.only and fam not in args.only.split(","):
+            continue
+        with tempfile.TemporaryDirectory() as d:
+            w = WORKLOADS[fam][2:] if fam == "rmsnorm" else WORKLOADS[fam][2:3]
+            spec = {"family": fam, "source": src, "run_dir": d, "id": "I1", "workloads": w, "no_scan": no_scan,
+                    "evaluate": {**EVALUATE, "rep_ms": 40}, "best": {}}
+            r = audit(spec, ROOT)
+        rows.append({"candidate": name, "family": fam, "static_scan": not no_scan, "expected": expect, **r})
+        print(f"{name:45s} passed={r['passed']!s:5s} kind={r.get('failure_kind')} {r['seconds']:.1f}s", flush=True)
+    return {"adversarial": rows}
+
+
+def cmd_roots(args) -> dict:
+    sys.path.insert(0, str(ROOT))
+    from tik_evo.families import available, load_family
+
+    rows = []
+    for fam in available():
+        with tempfile.TemporaryDirectory() as d:
+            sets = {"root": {}}
+            named = load_family(fam).named_sets()
+            wanted = named if args.sets == "all" else {k: named[k] for k in args.sets.split(",") if k in named}
+            sets.update({k: v for k, v in wanted.items() if v})
+            for name, knobs in sets.items():
+                spec = {"family": fam, "knobs": knobs, "run_dir": d, "id": f"I_{name}", "workloads": [],
+                        "evaluate": EVALUATE, "time": False, "ancestors": [{}] if knobs else []}
+                r = audit(spec, ROOT)
+                rows.append({"family": fam, "set": name, **r})
+                print(f"{fam:12s} {name:26s} passed={r['passed']!s:5s} kind={r.get('failure_kind')} "
+                      f"{r['seconds']:.1f}s", flush=True)
+    return {"roots": rows}
+
+
+def cmd_times(args) -> dict:
+    rows = []
+    for fam in args.families.split(","):
+        for engine_name, engine in (("before", Path(args.old).resolve()), ("after", ROOT)):
+            cache = tempfile.mkdtemp(prefix=f"tc_{engine_name}_")
+            with tempfile.TemporaryDirectory() as d:
+                for i, knobs in enumerate([{}, *VARIANTS[fam]]):
+                    spec = {"family": fam, "knobs": knobs, "run_dir": d, "id": f"I{i}", "workloads": WORKLOADS[fam],
+                            "evaluate": EVALUATE, "best": {} if i else None, "ancestors": [{}] if i else []}
+                    r = audit(spec, engine, {"TRITON_CACHE_DIR": cache})
+                    rows.append({"family": fam, "engine": engine_name, "audit": i, "knobs": knobs, **r})
+                    print(f"{fam:10s} {engine_name:6s} audit {i} passed={r['passed']} {r['seconds']:.1f}s "
+                          f"stages={[(s[0], s[2]) for s in r.get('stages', [])]}", flush=True)
+    return {"times": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=["adversarial", "roots", "times"])
+    ap.add_argument("--old", help="times: a checkout of the engine to compare with")
+    ap.add_argument("--families", default="rmsnorm,attention")
+    ap.add_argument("--sets", default="all", help="roots: the named sets to audit besides each root (comma list)")
+    ap.add_argument("--only", help="adversarial: the families whose candidates run (comma list)")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    import torch
+    import triton
+
+    t0 = time.time()
+    data = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
+            else "none", "torch": torch.__version__, "triton": triton.__version__,
+            "commit_tree": hashlib.sha256((ROOT / "tik_evo/worker.py").read_bytes()).hexdigest()[:12]}
+    data.update({"adversarial": cmd_adversarial, "roots": cmd_roots, "times": cmd_times}[args.what](args))
+    data["wall_s"] = time.time() - t0
+    Path(args.out).write_text(json.dumps(data, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The judge/runner arena and channel: what crosses between them, and what the judge refuses from the runner."""
+
+import base64
+
+import pytest
+import torch
+
+from tik_evo.arena import ALIGN, ArenaError, Chunk, _open_cuda, view
+from tik_evo.channel import MAX_MESSAGE, Channel, ChannelError
+
+
+def test_a_slot_outside_its_chunk_is_refused():
+    chunks = [Chunk(torch.zeros(4 * ALIGN, dtype=torch.uint8))]
+    assert view(chunks, {"chunk": 0, "offset": ALIGN, "dtype": "float32", "shape": [2, 4]}).shape == (2, 4)
+    for bad in ({"offset": 3 * ALIGN, "shape": [ALIGN]}, {"offset": 1, "shape": [1]}, {"offset": 0, "shape": [-1]}):
+        with pytest.raises(ValueError):
+            view(chunks, {"chunk": 0, "dtype": "float32", **bad})
+
+
+@pytest.mark.parametrize("fields", [
+    "not a list", [0] * 7,
+    [0, base64.b64encode(b"h" * 64).decode(), 1024, 0, base64.b64encode(b"/etc/passwd").decode(), 0,
+     base64.b64encode(b"e").decode(), False],
+    [0, base64.b64encode(b"h" * 64).decode(), 999, 0, base64.b64encode(b"/torch_1_2").decode(), 0,
+     base64.b64encode(b"e").decode(), False],
+])
+def test_a_cuda_export_that_is_not_the_chunk_asked_for_is_refused(fields):
+    # The export comes from the candidate's process: a path outside shared memory, a wrong size, a short list.
+    with pytest.raises(ArenaError):
+        _open_cuda(fields, 1024)
+
+
+def test_the_channel_refuses_oversized_and_non_json_replies():
+    a, b = Channel.pair()
+    b.sock.sendall((MAX_MESSAGE + 1).to_bytes(4, "big"))
+    with pytest.raises(ChannelError, match="over the"):
+        a.recv(timeout=5)
+    a, b = Channel.pair()
+    b.sock.sendall((5).to_bytes(4, "big") + b"\xff\xfe{}x")
+    with pytest.raises(ChannelError, match="not a JSON"):
+        a.recv(timeout=5)
+    a, b = Channel.pair()
+    b.send({"ok": True})
+    assert a.recv(timeout=5) == {"ok": True}
