@@ -16,6 +16,7 @@ import inspect
 import os
 import signal
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -107,10 +108,16 @@ class Runner:
         return reply
 
     def _status(self) -> str:
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            return "is gone"
+        """How the runner ended, once its channel closed (it may take a moment to exit after closing it)."""
+        deadline = time.time() + 5
+        while True:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return "is gone"
+            if pid or time.time() > deadline:
+                break
+            time.sleep(0.02)
         if not pid:
             return "closed its channel"
         code = os.waitstatus_to_exitcode(status)
