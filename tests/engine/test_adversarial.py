@@ -48,6 +48,17 @@ def failed_checks(out) -> list[dict]:
     return [c for s in out.stages for c in s["checks"] if not c["passed"]]
 
 
+def _alive(marker: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
 def test_root_passes_with_everything_on(tmp_path, no_scan):
     out = audit(tmp_path, ROOT_SRC)
     assert out.passed, out.failure
@@ -185,18 +196,7 @@ def test_a_detached_process_dies_with_the_audit(tmp_path, no_scan):
                     f"{marker!r}], start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)")
     out = audit(tmp_path, src, graph="off")
     assert out.passed, out.failure
-
-    def alive() -> list[str]:
-        found = []
-        for pid in os.listdir("/proc"):
-            try:
-                if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    found.append(pid)
-            except OSError:
-                pass
-        return found
-
-    assert not alive()
+    assert not _alive(marker)
 
 
 def test_the_candidate_cannot_see_that_it_is_audited_by_name(tmp_path, no_scan):
@@ -216,16 +216,6 @@ def test_strict_sandbox_records_every_protection(tmp_path):
     sb = json.loads((tmp_path / "audits" / "I1" / "result.json").read_text())["sandbox"]
     assert sb["network"] and sb["readonly_files"] and sb["capabilities_dropped"] and not sb["missing"], sb
 
-
-def _alive(marker: str) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:
-            pass
-    return found
 
 
 def test_a_detached_process_dies_with_a_judge_killed_at_its_timeout(tmp_path, no_scan):
