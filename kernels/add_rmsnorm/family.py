@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from kernels.rmsnorm.family import SPREAD, draw_scale, odd, spread_randn
+from kernels.rmsnorm.family import SPREAD, drawn_row_cases, spread_randn
 from tik_evo import checks, interp
 from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 
@@ -92,20 +92,8 @@ class AddRMSNormFamily(Family):
         ]
 
     def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
-        # The prompt-only pass splits at the middle sequence: a few rows suffice under the interpreter.
-        rows, width = (9, 1200) if interp.interpreting() else (300, 8191)
-        t = rng.randint(2, rows)
-        u = rng.randint(2, rows)
-        return [
-            # Odd width, tiny inputs, padding rows (x and residual zero: h = 0, whose norm is 0).
-            {"tokens": t, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(t, 5)),
-             "scale": draw_scale(rng, "tiny"), "zero_rows": sorted({rng.randrange(t), t - 1})},
-            # One token, large inputs.
-            {"tokens": 1, "hidden": odd(rng, 3, width), "seqs": 1, "scale": draw_scale(rng, "large")},
-            # Rows spread over four decades.
-            {"tokens": u, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(u, 5)), "scale": 1.0,
-             "spread": SPREAD},
-        ]
+        # The rmsnorm draws: here x and residual are zero in the padding rows (h = 0, whose norm is 0).
+        return drawn_row_cases(rng)
 
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         if device == "cpu":

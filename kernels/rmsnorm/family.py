@@ -49,6 +49,24 @@ def odd(rng: random.Random, lo: int, hi: int) -> int:
     return rng.randrange(lo | 1, hi + 1, 2)
 
 
+def drawn_row_cases(rng: random.Random) -> list[dict[str, Any]]:
+    """Drawn check cases of the row-wise norms (rmsnorm, add_rmsnorm): tokens, hidden, seqs, scale and the
+    optional zero_rows / spread keys. Under the interpreter a row costs a program run in numpy: tiny there."""
+    rows, width = (9, 1200) if interp.interpreting() else (300, 8191)
+    t = rng.randint(2, rows)
+    u = rng.randint(2, rows)
+    return [
+        # Odd width, tiny inputs, padding rows (zeros: the norm of a zero row is 0), one of them a decoded row.
+        {"tokens": t, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(t, 5)),
+         "scale": draw_scale(rng, "tiny"), "zero_rows": sorted({rng.randrange(t), t - 1})},
+        # One token, large inputs.
+        {"tokens": 1, "hidden": odd(rng, 3, width), "seqs": 1, "scale": draw_scale(rng, "large")},
+        # Rows spread over four decades.
+        {"tokens": u, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(u, 5)), "scale": 1.0,
+         "spread": SPREAD},
+    ]
+
+
 class RMSNormFamily(Family):
     name = "rmsnorm"
     entry_points = ("rmsnorm_full", "rmsnorm_decode")
@@ -99,20 +117,7 @@ class RMSNormFamily(Family):
         ]
 
     def drawn_cases(self, rng: random.Random) -> list[dict[str, Any]]:
-        # Under the interpreter a row costs a program run in numpy: keep the draws tiny there.
-        rows, width = (9, 1200) if interp.interpreting() else (300, 8191)
-        t = rng.randint(2, rows)
-        u = rng.randint(2, rows)
-        return [
-            # Odd width, tiny inputs, padding rows (zeros: the norm of a zero row is 0), one of them a decoded row.
-            {"tokens": t, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(t, 5)),
-             "scale": draw_scale(rng, "tiny"), "zero_rows": sorted({rng.randrange(t), t - 1})},
-            # One token, large inputs.
-            {"tokens": 1, "hidden": odd(rng, 3, width), "seqs": 1, "scale": draw_scale(rng, "large")},
-            # Rows spread over four decades.
-            {"tokens": u, "hidden": odd(rng, 3, width), "seqs": rng.randint(1, min(u, 5)), "scale": 1.0,
-             "spread": SPREAD},
-        ]
+        return drawn_row_cases(rng)
 
     def run_checks(self, impl: ModuleType, case: dict[str, Any], seed: int, device: str) -> list[Check]:
         tokens, hidden, seqs = case["tokens"], case["hidden"], case["seqs"]

@@ -272,3 +272,17 @@ def test_tik_evo_audit_judges_one_file_and_exits_by_its_verdict(tmp_path, capsys
     assert (tmp_path / "kept" / "ir.lmdb").is_dir()  # store.path given: the run directory is kept
     assert main(["audit", campaign, str(tmp_path / "missing.py")]) == 2
     assert "missing.py" in "".join(capsys.readouterr().err.split())  # rich wraps long paths
+
+
+def test_a_candidate_right_only_on_the_fixed_shapes_is_caught_by_a_drawn_case(tmp_path, no_scan):
+    # Wrong for any hidden size the family's fixed cases and these workloads do not use: only a case drawn for
+    # this audit (an odd width) shows it.
+    known = sorted({c["hidden"] for c in FAMILY.check_cases("full") + FAMILY.check_cases("small")} | {256})
+    src = in_decode(f"if x.shape[-1] not in {known}:\n    out.zero_()\n    return")
+    out = audit(tmp_path, src, graph="off")
+    assert not out.passed and out.failure_kind in ("consistency", "reference", "finite"), out.failure
+    full = next(s for s in out.stages if s["name"] == "full")
+    assert not full["passed"]
+    drawn = {f"xH{c['hidden']}/" for c in __import__("json").loads(
+        (tmp_path / "audits" / "I1" / "result.json").read_text())["drawn_cases"]}
+    assert any(any(d in c["name"] for d in drawn) for c in full["checks"] if not c["passed"])
