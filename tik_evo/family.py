@@ -137,9 +137,15 @@ class Family(ABC):
     def opportunities(self) -> list[OpportunitySpec]:
         return []
 
+    @property
+    def sets_path(self) -> Path:
+        return self.folder / "sets.yaml"
+
     def named_sets(self) -> dict[str, dict[str, Any]]:
-        """Knob changes against the root, by name, that a campaign may start from (`start.set`)."""
-        return {}
+        """Knob changes against the root, by name, that a campaign may start from (`start.set`): the family
+        folder's sets.yaml (none without one). Read once per file; the same dict is returned each time."""
+        path = self.sets_path
+        return _read_sets(self, path) if path.exists() else {}
 
     def knob(self, name: str) -> Knob:
         for k in self.knobs:
@@ -189,3 +195,36 @@ class Family(ABC):
     @abstractmethod
     def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
         """Prepare one workload for timing (fresh random inputs from ``seed``; never zeros)."""
+
+
+_SETS: dict[Path, dict[str, dict[str, Any]]] = {}
+
+
+def _read_sets(family: Family, path: Path) -> dict[str, dict[str, Any]]:
+    """sets.yaml: `NAME: {about: TEXT, base: OTHER (optional, declared above), knobs: {KNOB: VALUE}}`; a set with a
+    base is the base's knobs updated with its own. Every knob and value is checked against the family's space."""
+    if path in _SETS:
+        return _SETS[path]
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a mapping of set names, got {type(raw).__name__}")
+    sets: dict[str, dict[str, Any]] = {}
+    for name, entry in raw.items():
+        where = f"{path}: set {name!r}"
+        if not isinstance(entry, dict) or set(entry) - {"about", "base", "knobs"}:
+            raise ValueError(f"{where}: expected keys about/base/knobs, got {entry!r}")
+        base = entry.get("base")
+        if base is not None and base not in sets:
+            raise ValueError(f"{where}: base {base!r} is not a set declared above it")
+        own = entry.get("knobs") or {}
+        if not isinstance(own, dict):
+            raise ValueError(f"{where}: knobs must be a mapping, got {own!r}")
+        family.check_knobs(own, where)
+        sets[name] = {**(sets[base] if base else {}), **own}
+    _SETS[path] = sets
+    return sets

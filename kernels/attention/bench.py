@@ -45,61 +45,8 @@ PREFILL_CELLS = [("prefill", 1, 16384), ("prefill", 1, 1024), ("prefill", 1, 409
 DECODE_CELLS = [(1, 8192), (1, 128), (1, 1024), (1, 4096), (4, 8192), (16, 1024), (16, 8192)]
 HQ, HKV, D = 32, 8, 128
 
-# Knob variants (changes against the root's KNOBS). Contract knobs change both paths jointly.
-VARIANTS: dict[str, dict[str, Any]] = {
-    "root": {},
-    "nosplit": {"SPLIT_TOKENS": 0},
-    "split512_ds4": {"SPLIT_TOKENS": 512, "DECODE_NUM_STAGES": 4},
-    "bn128": {"BLOCK_N": 128},
-    "bn128_ds4": {"BLOCK_N": 128, "DECODE_NUM_STAGES": 4},
-    # The root's contract with the Hopper path knobs: what the knob campaign promoted (TMA loads, flattened
-    # chunk loop) plus the early-launched merge.
-    "hopper": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl"},
-    # The same with decode's merge knobs (one launch for a cache of one chunk, 8 partials loaded at once, the
-    # merge tile sized to the GQA group): what campaign 4 promoted from the root, here with the Hopper knobs.
-    "hopper_merge": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "tma", "DECODE_MERGE_LAUNCH": "pdl",
-                     "DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1},
-    # The same with prefill's shape-driven launches: pointer loads below 2048 tokens, snake-dealt persistent
-    # programs for launches of at most 8 waves of tiles (the best measured, run 19).
-    "hopper_auto": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "auto", "FULL_PERSISTENT": "auto",
-                    "DECODE_MERGE_LAUNCH": "pdl", "DECODE_FINISH_SINGLE": True, "DECODE_MERGE_LOADS": 8,
-                    "DECODE_MERGE_ROWS": 1},
-    # The same with prefill launches of more than 4 waves of tiles on the warp-specialised Gluon kernel, as one
-    # program per SM up to 32 waves.
-    "hopper_ws": {"FULL_SPLIT_LOOP": "flatten", "FULL_KV_LOADS": "auto", "FULL_PERSISTENT": "auto",
-                  "FULL_IMPL": "auto", "FULL_WS_SCHEDULE": "overlap", "FULL_WS_BUFFERS": 4,
-                  "FULL_WS_PERSISTENT": "auto", "DECODE_MERGE_LAUNCH": "pdl", "DECODE_FINISH_SINGLE": True,
-                  "DECODE_MERGE_LOADS": 8, "DECODE_MERGE_ROWS": 1},
-}
-# The same with 512-token split chunks (a contract change: decode of short contexts gets twice the programs;
-# the Gluon prefill pays 1.5-2.7% for the extra merges) and decode's merge folded by the chunk grid's last
-# programs where their grid fills most of a wave, the PDL merge launch below (runs 26-29: decode 1.014-1.015x
-# SDPA, B1 ctx 8K 14.5-14.6 us).
-VARIANTS["hopper_ws_s512"] = {**VARIANTS["hopper_ws"], "SPLIT_TOKENS": 512, "DECODE_CHUNKS_PER_PROGRAM": 0,
-                              "DECODE_CHUNK_LOOP": "flatten", "DECODE_MERGE_LAUNCH": "auto"}
-# The same with 128-key blocks and the serial Gluon schedule (a contract change: the overlapped schedule spills at
-# 128): prefill 0.923x cuDNN by geomean (0.849 at 64), B1 4K faster than cuDNN, but decode 0.916x SDPA (run 31).
-VARIANTS["hopper_ws_bn128"] = {**VARIANTS["hopper_ws_s512"], "BLOCK_N": 128, "FULL_WS_SCHEDULE": "serial"}
-# And with 1024-token chunks (contract): the best prefill measured, 0.934x cuDNN (graphs 0.940), B1 16K 3.78-3.91 ms
-# against cuDNN's 3.80-3.81, but decode 0.880x SDPA (runs 34-35). Its short Triton launches spill at 128-key
-# blocks; FULL_IMPL="gluon_ws" runs them faster than cuDNN on the GPU (graphs) but pays the Gluon launch's host time.
-VARIANTS["hopper_bn128_s1024"] = {**VARIANTS["hopper_ws_bn128"], "SPLIT_TOKENS": 1024}
-# And with the tree row sum (contract), so decode runs on the Gluon kernel that streams 128-key blocks as 64-key
-# halves (4 slots), one program an SM streaming on across its chunks ("waves"), and the Gluon prefill's consumers
-# given the loader's spare registers, its persistent snake dealt over head bands: decode 1.006-1.011x SDPA (0.871
-# for the reduced row sum), prefill 0.924-0.935x cuDNN (0.921 without bands, 0.948 for the reduced sum), runs 40-45.
-VARIANTS["hopper_bn128_tree_s1024"] = {**VARIANTS["hopper_bn128_s1024"], "ROW_SUM": "tree", "DECODE_IMPL": "gluon_ws",
-                                       "DECODE_WS_BUFFERS": 4, "DECODE_CHUNKS_PER_PROGRAM": "waves",
-                                       "FULL_WS_LOADER_REGS": 24, "FULL_WS_BANDS": 4}
-# The same with 512-token chunks (contract): twice the decode programs at batch 1: decode 1.038-1.045x SDPA (B1 ctx
-# 8K 15.6-15.9 us), prefill 0.914x cuDNN (runs 40-45).
-VARIANTS["hopper_bn128_tree_s512"] = {**VARIANTS["hopper_bn128_tree_s1024"], "SPLIT_TOKENS": 512}
-# And each tile's edges cheaper: the lower consumer's diagonal block on its 64 visible keys (same bits), one
-# reciprocal of the row sum per row (contract) and the output through the finished query slot by one TMA store:
-# prefill 0.957 -> 1.038x cuDNN, train-forward 0.943 -> 1.021 in interleaved A/Bs of graph replays (runs 57-59).
-VARIANTS["hopper_bn128_tma_s1024"] = {**VARIANTS["hopper_bn128_tree_s1024"], "FULL_WS_DIAG": "half",
-                                      "NORMALIZE": "reciprocal", "FULL_WS_STORE": "tma"}
-VARIANTS["hopper_bn128_tma_s512"] = {**VARIANTS["hopper_bn128_tma_s1024"], "SPLIT_TOKENS": 512}
+# The family's named sets (kernels/attention/sets.yaml), timed by `--variants NAME`.
+VARIANTS: dict[str, dict[str, Any]] = FAMILY.named_sets()
 # A wider sweep (--sweep): prefill-schedule variants (timed on prefill cells) and decode-schedule variants
 # (timed on decode cells); "x_" variants are timed on both.
 SWEEP: dict[str, dict[str, Any]] = {

@@ -105,11 +105,11 @@ class AttentionFamily(Family):
         Knob("FULL_WS_CONSUMERS", (2, 3), "full",
              "Gluon prefill: consumer warpgroups per tile (64 query rows each: 128- or 192-row tiles). Three "
              "keep the merged split-KV accumulator in shared memory (registers allow about 160 a thread) and, at "
-             "head dim 128, hold one query tile and two K/V slots: measured 14% slower there on an H200 (run 29)"),
+             "head dim 128, hold one query tile and two K/V slots: measured slower there"),
         Knob("FULL_WS_QUERY_TILES", (2, 1), "full",
              "Gluon prefill: query tiles in shared memory; two let the loader fetch the next tile's query during "
              "this one, one leaves that room to K/V slots (FULL_WS_BUFFERS still caps them; 128-key blocks at "
-             "head dim 128 get three instead of two: measured 3% slower on an H200, run 35)"),
+             "head dim 128 get three instead of two, measured slower)"),
         Knob("FULL_WS_BANDS", ("off", 8, 4), "full",
              "Gluon prefill, persistent programs: deal the snake over bands of heads (whole GQA groups; the fewest "
              "whose tiles make this many rounds of programs), the bands' rows alternating ascending and descending, "
@@ -359,11 +359,6 @@ class AttentionFamily(Family):
                         checks.bitwise(f"decode at full context == last prefill row (fp32) {tag}", one32,
                                        full32[b:b + 1, :, t:t + 1])]
         return out
-
-    def named_sets(self) -> dict[str, dict[str, Any]]:
-        from kernels.attention.bench import VARIANTS  # the measured sets (bench.py imports this module)
-
-        return VARIANTS
 
     def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:
         phase = workload["phase"]

@@ -582,7 +582,7 @@ def _ws_tile(i, S, BH, HQ, HKV, GROUP, HB, PERSISTENT: gl.constexpr, CONS: gl.co
     tile per program in launch order (a head's row blocks, longest first), or as one program per SM the
     row-block-major tiles dealt like `_prefill_kernel`'s snake: long and short tiles pair. (Dealt KV head by KV
     head instead, for L2 reuse, a round's tiles span a whole causal triangle and the snake no longer pairs them:
-    up to 1.7x slower, H200 run 42.)"""
+    measured much slower: results/attention/design_notes.md.)"""
     n_m = gl.cdiv(S, CONS * WS_ROWS)
     if PERSISTENT:
         p = gl.program_id(0)
@@ -1475,7 +1475,7 @@ def _dec_kernel(Q, k_desc, v_desc, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, N_
 
 TMA_MIN_SEQ = 2048
 PERSISTENT_MAX_WAVES = 8
-WS_MIN_WAVES = 4  # FULL_IMPL "auto": the Gluon prefill above this many waves of tiles (runs 22-25)
+WS_MIN_WAVES = 4  # FULL_IMPL "auto": the Gluon prefill above this many waves of tiles (measured: design_notes.md)
 WS_PERSISTENT_MAX_WAVES = 32
 
 
@@ -1633,7 +1633,7 @@ def _ws_prefill(q, k, v, sm_scale, out, out32) -> bool:
     sms = _sm_count(q.device)
     persistent = KNOBS["FULL_WS_PERSISTENT"]
     # "auto": one program per SM for launches of at most 32 waves of tiles, where the loader's prefetch of the
-    # next tile pays; beyond, the snake dealing cost more than it saved (H200: 4-5% by geomean, runs 23 and 25).
+    # next tile pays; beyond, the snake dealing cost more than it saved (results/attention/design_notes.md).
     persistent = persistent == "snake" or (persistent == "auto" and tiles <= WS_PERSISTENT_MAX_WAVES * sms)
     band = _ws_band(_cdiv(S, cons * 64), B * HQ, HQ // HKV, min(tiles, sms)) if persistent else B * HQ
     persistent = (WS_BANDED.value if band < B * HQ else 1) if persistent else 0
@@ -1751,8 +1751,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
         n_chunks, cpp = 1, 1
     grid = (_cdiv(n_chunks, cpp), programs)
     launch = KNOBS["DECODE_MERGE_LAUNCH"]
-    if launch == "auto":  # H200, split 512: the Triton decode's fused fold wins from 128 chunk programs, PDL up to
-        # 64 (run 27); the Gluon decode's wins on every grid (run 52: B1 ctx 1K 9.6 against 10.3 us, 8K 14.1 / 15.9)
+    if launch == "auto":  # the Triton decode's fused fold wins from 128 chunk programs, PDL below; the Gluon
+        # decode's fused fold wins on every grid (results/attention/design_notes.md)
         launch = "fused" if gluon or grid[0] * grid[1] * 4 >= 3 * _sm_count(q.device) else "pdl"
     # Programmatic dependent launch exists on the GPU only (Hopper and later); the interpreter runs plain.
     pdl = merge and launch == "pdl" and q.is_cuda
@@ -1837,7 +1837,7 @@ def _dec_covers(q, k_cache, v_cache) -> bool:
     """Whether the Gluon decode covers this call: a Hopper GPU, head dim 64 or 128, GQA packed (at most 64 query
     heads per KV head), 128-key blocks with a dot or tree row sum, contiguous aligned tensors. (The kernel also
     builds for 64-key blocks, one sub-block each, but with the reduced row sum at head dim 64 it disagreed with
-    the Triton decode on the H200 (runs 36 and 39, cause not found), and 64-key blocks have a fast Triton decode.)"""
+    the Triton decode on a GPU (cause not found), and 64-key blocks have a fast Triton decode.)"""
     group = q.shape[1] // k_cache.shape[1]
     bn, row_sum = KNOBS["BLOCK_N"], KNOBS["ROW_SUM"]
     return (q.is_cuda and _device(q.device)[1] == 9 and q.shape[3] in (64, 128) and KNOBS["DECODE_PACK_GQA"]
