@@ -31,6 +31,10 @@ class Knob:
     values: tuple[Any, ...]
     role: Role
     doc: str = ""
+    # The knob matters only while each named knob holds one of the listed values (and is itself in effect):
+    # ((knob, (value, ...)), ...). Out of effect, a change of it compiles to the same kernels: the knob operator
+    # keeps the parent's value and one-knob moves skip it.
+    when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,49 @@ class Family(ABC):
                 raise ValueError(f"{where}: {e.args[0]}") from None
             if value not in knob.values:
                 raise ValueError(f"{where}: {name}={value!r} is not one of {list(knob.values)}")
+
+    def in_effect(self, knobs: dict[str, Any]) -> set[str]:
+        """The names in ``knobs`` that matter given the others' values (see ``Knob.when``). A condition on a knob
+        absent from ``knobs`` holds (nothing to contradict it)."""
+        declared = {k.name: k for k in self.knobs}
+        memo: dict[str, bool] = {}
+
+        def on(name: str) -> bool:
+            if name not in memo:
+                memo[name] = False  # a cycle reads as out of effect; condition_problems() reports it
+                knob = declared.get(name)
+                memo[name] = knob is None or all(
+                    c not in knobs or (knobs[c] in values and on(c)) for c, values in knob.when)
+            return memo[name]
+
+        return {name for name in knobs if on(name)}
+
+    def condition_problems(self) -> list[str]:
+        """What is wrong with the knobs' `when` declarations: unknown knobs or values, cycles."""
+        declared = {k.name: k for k in self.knobs}
+        out = []
+        for k in self.knobs:
+            for c, values in k.when:
+                if c not in declared:
+                    out.append(f"knob {k.name}: `when` names unknown knob {c!r}")
+                elif not values or any(v not in declared[c].values for v in values):
+                    out.append(f"knob {k.name}: `when` {c} in {list(values)} is not within {list(declared[c].values)}")
+
+        def cycle(name: str, seen: tuple[str, ...]) -> tuple[str, ...] | None:
+            if name in seen:
+                return (*seen, name)
+            for c, _ in declared[name].when if name in declared else ():
+                found = cycle(c, (*seen, name))
+                if found:
+                    return found
+            return None
+
+        for k in self.knobs:
+            found = cycle(k.name, ())
+            if found:
+                out.append(f"knob {k.name}: `when` conditions form a cycle {' -> '.join(found)}")
+                break
+        return out
 
     def validate_workload(self, workload: dict[str, Any]) -> None:
         """Raise ``ValueError`` naming the key when a workload entry cannot be run by this family."""

@@ -38,8 +38,9 @@ def one_knob_moves(family: Family, knobs: dict[str, Any], opportunities: list[Op
         if any(name not in knobs or knobs[name] not in space[name] for name in opp.knobs):
             continue
         held = {f"knob.{name}": knobs[name] for name in opp.knobs}
+        effective = family.in_effect(knobs)
         for name in opp.knobs:
-            if name in per_knob:
+            if name in per_knob or name not in effective:  # out of effect: the move would compile the same kernels
                 continue
             per_knob[name] = [{"operator": "knob", "opportunity.knob": opp.kind, "parent_rank": 0,
                                **held, f"knob.{name}": value}

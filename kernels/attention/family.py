@@ -38,6 +38,10 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Ten
     return torch.stack(outs)
 
 
+# The Gluon prefill knobs are in effect only where FULL_IMPL can pick the Gluon kernel.
+GLUON_PREFILL = (("FULL_IMPL", ("gluon_ws", "auto")),)
+
+
 class AttentionFamily(Family):
     name = "attention"
     entry_points = ("prefill", "decode", "prefill_packed")
@@ -95,43 +99,54 @@ class AttentionFamily(Family):
              "128-key blocks and for launches of more than 4 waves of tiles, Triton otherwise"),
         Knob("FULL_WS_SCHEDULE", ("serial", "overlap"), "full",
              "Gluon prefill: each warpgroup's MMAs one at a time, or the next block's QK^T issued before this "
-             "block's PV so its softmax runs during the PV"),
+             "block's PV so its softmax runs during the PV",
+             when=GLUON_PREFILL),
         Knob("FULL_WS_BUFFERS", (2, 3, 4), "full",
-             "Gluon prefill: K/V block slots in shared memory (fewer where they would not fit)"),
+             "Gluon prefill: K/V block slots in shared memory (fewer where they would not fit)",
+             when=GLUON_PREFILL),
         Knob("FULL_WS_PERSISTENT", ("off", "snake", "auto"), "full",
              "Gluon prefill: one program per tile, or one per SM walking snake-dealt tiles, its loader fetching "
              "the next tile's query and first K/V blocks while the warpgroups finish this one; auto: snake for "
-             "launches of at most 32 waves of tiles"),
+             "launches of at most 32 waves of tiles",
+             when=GLUON_PREFILL),
         Knob("FULL_WS_CONSUMERS", (2, 3), "full",
              "Gluon prefill: consumer warpgroups per tile (64 query rows each: 128- or 192-row tiles). Three "
              "keep the merged split-KV accumulator in shared memory (registers allow about 160 a thread) and, at "
-             "head dim 128, hold one query tile and two K/V slots: measured slower there"),
+             "head dim 128, hold one query tile and two K/V slots: measured slower there",
+             when=GLUON_PREFILL),
         Knob("FULL_WS_QUERY_TILES", (2, 1), "full",
              "Gluon prefill: query tiles in shared memory; two let the loader fetch the next tile's query during "
              "this one, one leaves that room to K/V slots (FULL_WS_BUFFERS still caps them; 128-key blocks at "
-             "head dim 128 get three instead of two, measured slower)"),
+             "head dim 128 get three instead of two, measured slower)",
+             when=GLUON_PREFILL),
         Knob("FULL_WS_BANDS", ("off", 8, 4), "full",
              "Gluon prefill, persistent programs: deal the snake over bands of heads (whole GQA groups; the fewest "
              "whose tiles make this many rounds of programs), the bands' rows alternating ascending and descending, "
-             "so the tiles in flight share fewer KV heads' keys in L2; off: all heads row block by row block"),
+             "so the tiles in flight share fewer KV heads' keys in L2; off: all heads row block by row block",
+             when=GLUON_PREFILL),
         Knob("FULL_WS_DIAG", ("full", "half"), "full",
              "Gluon prefill, 128-row tiles over 128-key blocks, serial schedule, tree row sum: half runs the lower "
              "64 rows' diagonal block on its first 64 keys only (the rest lie past those rows), the same bits for "
-             "half that block's tensor and softmax work"),
+             "half that block's tensor and softmax work",
+             when=(*GLUON_PREFILL, ("FULL_WS_CONSUMERS", (2,)), ("BLOCK_N", (128,)), ("ROW_SUM", ("tree",)),
+                   ("FULL_WS_SCHEDULE", ("serial",)))),
         Knob("FULL_WS_STORE", ("direct", "tma"), "full",
              "Gluon prefill: each consumer stores its output rows from registers, or writes them into its "
              "finished query slot and issues one TMA store (fewer instructions per tile; the slot returns to the "
-             "loader once the store has read it)"),
+             "loader once the store has read it)",
+             when=GLUON_PREFILL),
         Knob("FULL_WS_ACC", ("auto", "shared"), "full",
              "Gluon prefill: where the merged split-KV accumulator waits between chunk folds. auto: registers with "
              "two consumers, shared memory with three; shared: shared memory with two as well (64 registers a "
              "thread fewer, room the overlapped schedule needs; at head dim 128 and 128-key blocks it fits beside "
-             "one query tile and two K/V slots; measured 11% slower on the H200, 19% with the overlapped schedule)"),
+             "one query tile and two K/V slots; measured 11% slower on the H200, 19% with the overlapped schedule)",
+             when=GLUON_PREFILL),
         Knob("FULL_WS_LOADER_REGS", ("auto", 24), "full",
              "Gluon prefill: registers a thread of the loader warp keeps (setmaxnreg); the consumers share the "
              "rest of the launch's budget. auto: 40 with two consumers (232 each), 32 with three (160 each); 24 "
              "gives two consumers 240 each, which takes the persistent kernel's spill out of its block loop at 128-key "
-             "blocks (H200: tree row sum's prefill 0.892 -> 0.920x cuDNN)"),
+             "blocks (H200: tree row sum's prefill 0.892 -> 0.920x cuDNN)",
+             when=GLUON_PREFILL),
         Knob("DECODE_IMPL", ("triton", "gluon_ws"), "decode",
              "which kernel computes decode's chunks: the Triton one (whole KV blocks per pipeline stage), or (Hopper, "
              "GQA packed, head dim 64/128, 128-key blocks with ROW_SUM dot or tree; else Triton) a warp-specialised "
@@ -142,10 +157,12 @@ class AttentionFamily(Family):
         Knob("DECODE_WS_BUFFERS", (2, 3, 4, 6), "decode",
              "Gluon decode: 64-key K/V sub-block slots in shared memory (at head dim 128, 32 KB each: 3 slots let "
              "two programs share an SM; more give one program an SM and a deeper prefetch; H200: 4 best, 0.99-1.00x "
-             "SDPA, 3 0.92, 2 0.89)"),
+             "SDPA, 3 0.92, 2 0.89)",
+             when=(("DECODE_IMPL", ("gluon_ws",)),)),
         Knob("DECODE_WS_SCHEDULE", ("serial", "overlap"), "decode",
              "Gluon decode: each block's MMAs one after another, or the next block's QK^T issued before this "
-             "block's PV so its softmax runs during the PV (needs two blocks' slots; H200: no faster, 0.95-0.99x)"),
+             "block's PV so its softmax runs during the PV (needs two blocks' slots; H200: no faster, 0.95-0.99x)",
+             when=(("DECODE_IMPL", ("gluon_ws",)),)),
         Knob("DECODE_BLOCK_M", (16, 32, 64, 128), "decode",
              "rows of the decode tile (GQA heads packed as rows, the rest wasted); below 64 only takes effect "
              "with a layout-free row sum (ROW_SUM dot or tree), since a reduced row sum must keep the wgmma "

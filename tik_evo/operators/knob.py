@@ -24,6 +24,25 @@ def scope_of(roles: set[str]) -> str:
     return next(iter(roles))
 
 
+def _conditions_first(family, names: list[str]) -> list[str]:
+    """``names`` with every knob after the knobs its `when` names (declaration order otherwise), so a knob's
+    conditions are drawn before it."""
+    order, seen = [], set()
+
+    def visit(name: str) -> None:
+        if name in seen:
+            return
+        seen.add(name)
+        for cond, _ in family.knob(name).when:
+            if cond in names:
+                visit(cond)
+        order.append(name)
+
+    for name in names:
+        visit(name)
+    return order
+
+
 class KnobOperator(Operator):
     name = "knob"
 
@@ -40,12 +59,14 @@ class KnobOperator(Operator):
             return Proposal(None, "joint", error=f"parent {ctx.parent.id}: {e}")
         new = dict(knobs)
         changed: dict[str, tuple] = {}
-        for name in opp.knobs:
+        for name in _conditions_first(ctx.family, opp.knobs):
             knob = ctx.family.knob(name)
             if name not in knobs:
                 return Proposal(None, "joint", error=f"parent {ctx.parent.id} has no knob {name!r} in KNOBS")
             if name in opp.values:  # a split bundle names its value; nothing to sample
                 value = opp.values[name]
+            elif name not in ctx.family.in_effect(new):
+                continue  # out of effect under the values drawn so far: a change would compile the same kernels
             else:
                 value = ctx.trial.suggest_categorical(f"knob.{name}", list(knob.values))
             if value != knobs[name]:
