@@ -14,6 +14,7 @@ from tik_evo.neighbours import one_knob_moves, tried_moves
 from tik_evo.operators import make_operator
 from tik_evo.operators.base import ActionContext, Operator, Proposal
 from tik_evo.records import Opportunity
+from tik_evo.run_state import Moves, RunState
 from tik_evo.scheduler import Scheduler
 from tik_evo.store import Store
 
@@ -48,24 +49,25 @@ class Actor:
                 out[name] = kinds
         return out
 
-    def choose(self, state: dict[str, Any]) -> Choice:
+    def choose(self, state: RunState) -> Choice:
         if self.cfg.search.neighbours:
-            self._queue_move(state["best"])
-        pending = [self.store.get(o) for o in state["pending_opportunities"]]
+            self._queue_move(state.best)
+        pending = [self.store.get(o) for o in state.pending_opportunities]
         trial = self.scheduler.ask()
-        while trial.user_attrs.get("parent", state["best"]) != state["best"]:
+        while trial.user_attrs.get("parent", state.best) != state.best:
             # A move queued for a former best (a run stopped between queueing and asking): not taken.
             self.scheduler.tell(trial.number, None, note="one-knob move of a former best, not taken")
             trial = self.scheduler.ask()
         usable = [o for o in pending if any(self.operator(n).usable(o) for n in self.scheduler.kinds)]
-        op, opp, parent = self.scheduler.choose(trial, state["frontier"], usable, state["best"])
+        op, opp, parent = self.scheduler.choose(trial, state.frontier, usable, state.best)
         return Choice(trial, op, opp, parent)
 
     def _queue_move(self, best: str) -> None:
         """Queue the best's next one-knob move (see `tik_evo.neighbours`) for the coming ask. The moves left
         live in the run's state; a new best replaces them with its own, not yet tried in the run. With other
         operators enabled, moves take every other step so those operators are not kept waiting."""
-        moves, note = self.store.state().get("moves"), ""
+        moves: Moves | None = self.store.state().moves
+        note = ""
         if moves is None or moves["of"] != best:
             # The root's values count as tried: moving back to one repeats the root's own measurement.
             tried = tried_moves(self.store.all("A"))
@@ -83,7 +85,7 @@ class Actor:
                 self.scheduler.queue([moves["left"].pop(0)], best)
                 moves["skip"] = True
         with self.store.transaction() as txn:
-            txn.state["moves"] = moves
+            txn.state.moves = moves
             if note:
                 txn.event("scheduler", note)
 

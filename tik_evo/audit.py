@@ -8,7 +8,6 @@ so a candidate that hangs, aborts or segfaults becomes a failed audit with its e
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import signal
 import threading
@@ -20,6 +19,7 @@ from typing import Any
 from tik_evo import staticscan
 from tik_evo.executor import EXECUTORS
 from tik_evo.family import Family
+from tik_evo.worker_io import StageResult, WorkerJob, WorkerResult
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +38,7 @@ class AuditOutcome:
 
 @dataclass
 class AuditJob:
+    """One audit as the engine asks for it; the judge gets it as a `WorkerJob`."""
     family: Family
     source: str
     source_hash: str
@@ -52,6 +53,16 @@ class AuditJob:
     ancestors: list[str] = field(default_factory=list)  # source hashes whose compiled kernels it may reuse
     time: bool = True
     slot: int = 0  # which of the concurrent audits this is: each slot has its own executor (fork server)
+
+    def worker_job(self, run_dir: Path, result_path: Path) -> WorkerJob:
+        # The best goes only where it is timed, as the IR holds it (never a file a candidate could have rewritten).
+        best = bool(self.best_source_hash) and self.time
+        return WorkerJob(self.family.name, str(Path(run_dir).resolve()), self.source, self.source_hash,
+                         self.workloads, self.seeds, self.evaluate, self.device, str(result_path),
+                         best_source=self.best_source if best else None,
+                         best_hash=self.best_source_hash if best else None,
+                         ancestors=[h for h in self.ancestors if h != self.source_hash],
+                         bench_seed=1000 + self.seeds[0], time=self.time)
 
 
 def source_file(run_dir: Path, source_hash: str, text: str) -> Path:
@@ -125,8 +136,8 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     out = AuditOutcome()
     static = static_scan(job) if static is None else static
     static_ok = all(c.passed for c in static)
-    out.stages.append({"name": "static", "passed": static_ok, "seconds": time.time() - t_start,
-                       "checks": [c.to_dict() for c in static], "error": "", "failure_kind": "static"})
+    out.stages.append(StageResult("static", static_ok, time.time() - t_start, [c.to_dict() for c in static],
+                                  failure_kind="static").to_dict())
     if not static_ok:
         out.failure_kind, out.failure = "static", _first_failure(static)
         out.seconds = time.time() - t_start
@@ -137,26 +148,7 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     result_path = work / "result.json"
     result_path.unlink(missing_ok=True)
     source_file(run_dir, job.source_hash, job.source)  # a copy for people and tools; the judge uses the text
-    spec = {
-        "family": job.family.name,
-        "run_dir": str(Path(run_dir).resolve()),
-        "source": job.source,
-        "source_hash": job.source_hash,
-        "best_source": None,
-        "best_hash": None,
-        "ancestors": [h for h in job.ancestors if h != job.source_hash],
-        "workloads": job.workloads,
-        "seeds": job.seeds,
-        "bench_seed": 1000 + job.seeds[0],
-        "evaluate": job.evaluate,
-        "device": job.device,
-        "result_path": str(result_path),
-        "time": job.time,
-    }
-    if job.best_source_hash and job.time:
-        # The best as the IR holds it (never a file a candidate could have rewritten).
-        spec["best_source"], spec["best_hash"] = job.best_source, job.best_source_hash
-    (work / "job.json").write_text(json.dumps(spec, indent=1))
+    (work / "job.json").write_text(job.worker_job(run_dir, result_path).to_json())
 
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(PROJECT_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -168,43 +160,32 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     timeout = float(job.evaluate.get("timeout_s", 300))
     rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", timeout)
 
-    data = read_result(result_path)
-    out.stages += data.get("stages", [])
-    out.measurements = data.get("measurements", {})
-    out.best_retimed = data.get("best_retimed", {})
-    out.device = data.get("device", {})
+    result = WorkerResult.read(result_path)
+    out.stages += [s.to_dict() for s in result.stages]
+    out.measurements, out.best_retimed, out.device = result.measurements, result.best_retimed, result.device
     if job.device == "cuda":  # which of the run's GPUs: concurrent audits spread over several
         out.device["gpu_index"] = job.gpu_index
     out.seconds = time.time() - t_start
     if timed_out:
         out.failure_kind = "timeout"
         out.failure = f"worker killed after {timeout:g} s (evaluate.timeout_s); last stage: {_last(out)}"
-    elif data.get("done") and rc == 0:
+    elif result.done and rc == 0:
         out.passed = True
     elif rc < 0:
         name = signal.Signals(-rc).name if -rc in signal.Signals._value2member_map_ else str(-rc)
         out.failure_kind = "crash"
         out.failure = f"worker died of {name} during stage after {_last(out)}; log tail:\n{_tail(work)}"
     else:
-        failed = [s for s in out.stages if not s["passed"]]
+        failed = next((s for s in result.stages if not s.passed), None)
         if failed:
-            s = failed[0]
-            out.failure_kind = s.get("failure_kind") or "check"
-            out.failure = s.get("error") or _first_failure_dicts(s.get("checks", []))
+            out.failure_kind = failed.failure_kind or "check"
+            out.failure = failed.error or _first_failure_dicts(failed.checks)
         else:
             out.failure_kind = "crash"
             out.failure = f"worker exited with code {rc} after {_last(out)}; log tail:\n{_tail(work)}"
     if out.failure_kind:
-        out.stages.append({"name": "outcome", "passed": False, "seconds": 0.0, "checks": [],
-                           "error": out.failure, "failure_kind": out.failure_kind})
+        out.stages.append(StageResult("outcome", False, error=out.failure, failure_kind=out.failure_kind).to_dict())
     return out
-
-
-def read_result(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
 
 
 def _last(out: AuditOutcome) -> str:

@@ -8,7 +8,6 @@ whether a search would promote it. In a throwaway run directory unless `store.pa
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -18,12 +17,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from tik_evo.config import ConfigError, load_campaign
+from tik_evo.worker_io import WorkerResult
 
 
 def audit_file(campaign: str, path: str, overrides: list[str], log=print) -> dict[str, Any]:
     """The verdict on the file at ``path`` (a dict: verified, stage, failure_kind, message, objective...)."""
     from tik_evo.audit import AuditJob, audit_slots, run_audit
-    from tik_evo.cli import prepare
+    from tik_evo.commands.check import prepare
     from tik_evo.initialization import initialize, resolve_device
     from tik_evo.lineage import judge
     from tik_evo.store import Store, source_hash
@@ -44,13 +44,13 @@ def audit_file(campaign: str, path: str, overrides: list[str], log=print) -> dic
     try:
         initialize(store, cfg, family, workloads, device, facts, log=log)
         st = store.state()
-        root = store.get(st["root"])
+        root = store.get(st.root)
         root_source = store.source(root.source_hash)
         h = source_hash(source)
         log(f"auditing {path} ({h}) against the root…")
         t0 = time.time()
         gpu = audit_slots(cfg.evaluate, device)[0]
-        out = run_audit(run_dir, AuditJob(family, source, h, "I1", st["workloads"], list(cfg.correctness.seeds),
+        out = run_audit(run_dir, AuditJob(family, source, h, "I1", st.workloads, list(cfg.correctness.seeds),
                                           OmegaConf.to_container(cfg.evaluate), device, gpu, root.source_hash,
                                           root_source))
         verdict = judge(out.passed, out.measurements, out.best_retimed, st, cfg, gpu if device == "cuda" else None)
@@ -59,10 +59,11 @@ def audit_file(campaign: str, path: str, overrides: list[str], log=print) -> dic
             "file": str(path), "source_hash": h, "family": family.name, "device": out.device.get("gpu", device),
             "verified": out.passed, "stage": failed["name"] if failed else None, "failure_kind": out.failure_kind,
             "message": out.failure[:4000], "seconds": round(time.time() - t0, 2),
-            "objective": verdict.objective, "root_objective": st["root_objective"],
+            "objective": verdict.objective, "root_objective": st.root_objective,
             "best_objective_retimed": verdict.best_objective, "admissible": verdict.admissible,
             "would_promote": verdict.promoted, "reason": verdict.reason,
             "limits": verdict.limits, "measurements": {n: m["median_s"] for n, m in out.measurements.items()},
+            "root_measurements": {n: m["median_s"] for n, m in out.best_retimed.items()},  # re-timed beside it
             "sandbox": _sandbox(run_dir), "run_dir": None if tmp else str(run_dir),
             "stages": [{"name": s["name"], "passed": s["passed"], "seconds": round(s["seconds"], 2),
                         "checks": len(s["checks"])} for s in out.stages],
@@ -75,10 +76,7 @@ def audit_file(campaign: str, path: str, overrides: list[str], log=print) -> dic
 
 
 def _sandbox(run_dir: Path) -> dict[str, Any]:
-    try:
-        return json.loads((run_dir / "audits" / "I1" / "result.json").read_text()).get("sandbox", {})
-    except (OSError, json.JSONDecodeError):
-        return {}
+    return WorkerResult.read(run_dir / "audits" / "I1" / "result.json").sandbox
 
 
 def render(r: dict[str, Any]) -> str:

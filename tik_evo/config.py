@@ -16,6 +16,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 SAMPLERS = ("tpe", "random", "nsga2", "bruteforce")
+SPACES = ("family", "flat")  # search.space
 GPU_POLICIES = ("warn", "refuse", "interpret")
 DEVICES = ("auto", "cuda", "interpreter")
 
@@ -72,6 +73,9 @@ class SearchConfig:
     max_duplicates: int = 200  # proposals that repeat an existing source (not audited) before stopping
     split_bundles: bool = True  # retry each knob of a faster but over-limit multi-knob offspring alone
     neighbours: int = 32  # one-knob moves of each new best tried before the sampler's draws (0: none)
+    # The opportunities seeded at initialization: `family` (the family's mechanisms, each a few knobs) or `flat`
+    # (one opportunity naming every knob: plain sampling over the whole space, the baseline the engine must beat).
+    space: str = "family"
 
 
 @dataclass
@@ -250,6 +254,7 @@ def _validate(cfg: DictConfig, path: Path) -> None:
     from tik_evo.operators import OPERATORS
 
     _choice(cfg.search.sampler, SAMPLERS, "search.sampler", path)
+    _choice(cfg.search.space, SPACES, "search.space", path)
     _choice(cfg.gpu.policy, GPU_POLICIES, "gpu.policy", path)
     _choice(cfg.device, DEVICES, "device", path)
     _choice(cfg.evaluate.executor, ("auto", "spawn", "forkserver"), "evaluate.executor", path)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -12,6 +11,7 @@ import triton.language  # noqa: F401
 
 from tik_evo import worker
 from tik_evo.executor import die_with_parent, forked_child
+from tik_evo.worker_io import WorkerJob
 
 
 def _child(job_path: str, log_path: str, proto: int) -> None:
@@ -23,7 +23,7 @@ def _child(job_path: str, log_path: str, proto: int) -> None:
 
     def job() -> None:
         with open(job_path) as fh:
-            worker.run(json.load(fh))
+            worker.run(WorkerJob.from_json(fh.read()))
 
     forked_child(log_path, job)
 

@@ -11,11 +11,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from tik_evo import lineage
 from tik_evo.audit import AuditJob, audit_slots, run_audit, static_scan
 from tik_evo.config import ConfigError, start_label, to_yaml
-from tik_evo.family import Family
+from tik_evo.family import Family, OpportunitySpec
 from tik_evo.knobs import knobs_or_none, read_knobs, write_knobs
-from tik_evo.records import BEST, FAILED, Audit, Implementation, Opportunity
+from tik_evo.records import FAILED, Audit, Implementation, Opportunity
 from tik_evo.store import Store, source_hash
 from tik_evo.timing import timer_of
 
@@ -140,9 +141,10 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
     source = start_source(cfg, family)
     h = source_hash(source)
     with store.transaction() as txn:  # first, so a run killed during the root audit can be resumed
-        txn.state.update(workloads=workloads, device=device, device_facts=device_facts, family=family.name,
-                         weights={w["name"]: w["weight"] for w in workloads}, started_at=time.time(),
-                         start={"set": cfg.start.set, "knobs": dict(cfg.start.knobs)})
+        st = txn.state
+        st.workloads, st.device, st.device_facts, st.family = workloads, device, device_facts, family.name
+        st.weights = {w["name"]: w["weight"] for w in workloads}
+        st.started_at, st.start = time.time(), {"set": cfg.start.set, "knobs": dict(cfg.start.knobs)}
     start = start_label(cfg.start)
     log(f"auditing the root of {family.name!r}{' with start ' + start if start else ''} "
         f"({len(workloads)} workloads, device {device})…")
@@ -160,7 +162,7 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
         if not out.passed:
             txn.put(Implementation(iid, h, [], "root", FAILED, audit=uid, created=time.time()))
             txn.put(audit)
-            st["finished"] = {"reason": "root failed its audit", "at": time.time()}
+            st.finished = {"reason": "root failed its audit", "at": time.time()}
             txn.event("init", f"root failed its audit ({out.failure_kind})")
     if not out.passed:
         graph = any(s["name"] == "graph" and not s["passed"] for s in out.stages)
@@ -171,32 +173,35 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
                            "that stage" if graph else ""))
     with store.transaction() as txn:
         st = txn.state
-        st["root_latencies"] = {n: m["median_s"] for n, m in out.measurements.items()}
-        st["limits"] = {w["name"]: {"limit": w["limit"], "max_s": w["limit"] * st["root_latencies"][w["name"]]}
-                        for w in workloads}
-        from tik_evo.lineage import objective
-
-        t_root = objective(out.measurements, st, cfg.objective.normalize)
+        st.root_latencies = {n: m["median_s"] for n, m in out.measurements.items()}
+        st.limits = {w["name"]: {"limit": w["limit"], "max_s": w["limit"] * st.root_latencies[w["name"]]}
+                     for w in workloads}
+        t_root = lineage.objective(out.measurements, st, cfg.objective.normalize)
         audit.objective, audit.admissible, audit.limits = t_root, True, {}
         txn.put(audit)
-        txn.put(Implementation(iid, h, [], "root", BEST, audit=uid, created=time.time(),
-                               knobs=knobs_or_none(source), objective=t_root))
-        st.update(root=iid, best=iid, frontier=[iid], root_objective=t_root, best_objective=t_root)
-        st["sources"][h] = iid
-        st["history"].append({"evaluation": 0, "impl": iid, "objective": t_root, "best": t_root, "promoted": True})
-        for spec in family.opportunities():
+        lineage.set_root(txn, Implementation(iid, h, [], "root", "pending", audit=uid, created=time.time(),
+                                             knobs=knobs_or_none(source), objective=t_root))
+        for spec in seeded_opportunities(family, cfg.search.space):
             oid = txn.new_id("O")
             txn.put(Opportunity(oid, spec.kind, spec.mechanism, list(spec.paths), list(spec.knobs),
                                 list(spec.workloads), origin="family", repeatable=bool(spec.knobs),
                                 values=dict(spec.values), evidence=[uid], created=time.time()))
-            st["pending_opportunities"].append(oid)
-        st["budgets"]["wall_s"] += time.time() - t0
+            st.pending_opportunities.append(oid)
+        st.budgets["wall_s"] += time.time() - t0
         if device == "cuda":
-            st["root_latencies_by_gpu"] = {str(audit_slots(cfg.evaluate, device)[0]): st["root_latencies"]}
+            st.root_latencies_by_gpu = {str(audit_slots(cfg.evaluate, device)[0]): st.root_latencies}
         txn.event("init", f"root {iid} verified; T={t_root:.6g} ({timer_of(out.measurements)})")
     log(f"root verified in {time.time() - t0:.1f} s; T(root) = {t_root:.6g} s")
     if device == "cuda":
         anchor_gpus(store, cfg, family, device, log)
+
+
+def seeded_opportunities(family: Family, space: str) -> list[OpportunitySpec]:
+    """The opportunities a run starts with: the family's own, or (`search.space=flat`) one that names every knob,
+    so the sampler draws whole points of the space (the plain-sampling baseline)."""
+    if space == "flat":
+        return [OpportunitySpec("flat", "Any setting of the family's knobs", knobs=tuple(k.name for k in family.knobs))]
+    return family.opportunities()
 
 
 def anchor_gpus(store: Store, cfg: DictConfig, family: Family, device: str, log=print,
@@ -208,27 +213,27 @@ def anchor_gpus(store: Store, cfg: DictConfig, family: Family, device: str, log=
     from concurrent.futures import ThreadPoolExecutor
 
     st = store.state()
-    have = st.get("root_latencies_by_gpu", {})
+    have = st.root_latencies_by_gpu
     slots = audit_slots(cfg.evaluate, device) if slots is None else slots
     todo = [(slot, gpu) for slot, gpu in enumerate(slots) if str(gpu) not in have]
     if not todo:
         return
-    root = store.get(st["root"])
+    root = store.get(st.root)
     source, t0 = store.source(root.source_hash), time.time()
     log(f"auditing the root on GPU {', '.join(str(g) for _, g in todo)} as well…")
-    jobs = [AuditJob(family, source, root.source_hash, f"{root.id}-gpu{gpu}", st["workloads"],
+    jobs = [AuditJob(family, source, root.source_hash, f"{root.id}-gpu{gpu}", st.workloads,
                      list(cfg.correctness.seeds), OmegaConf.to_container(cfg.evaluate), device, gpu, slot=slot)
             for slot, gpu in todo]
     static = static_scan(jobs[0])  # one source; scanned here, as `ast` must not run in two threads at once
     with ThreadPoolExecutor(len(jobs)) as pool:
         outs = list(pool.map(lambda job: run_audit(store.run_dir, job, static), jobs))
-    first, passed = st["root_latencies"], [(job, out) for job, out in zip(jobs, outs) if out.passed]
+    first, passed = st.root_latencies, [(job, out) for job, out in zip(jobs, outs) if out.passed]
     with store.transaction() as txn:  # the GPUs that passed keep their timings, whatever the others did
-        by_gpu = txn.state.setdefault("root_latencies_by_gpu", {})
+        by_gpu = txn.state.root_latencies_by_gpu
         for job, out in passed:
             by_gpu[str(job.gpu_index)] = {n: m["median_s"] for n, m in out.measurements.items()}
         spread = max((abs(t / first[n] - 1) for lat in by_gpu.values() for n, t in lat.items()), default=0.0)
-        txn.state["budgets"]["wall_s"] += time.time() - t0
+        txn.state.budgets["wall_s"] += time.time() - t0
         if passed:
             txn.event("init", f"root timed on GPUs {', '.join(sorted(by_gpu))}: per-workload medians within "
                               f"{spread:.1%} of the first's")

@@ -13,6 +13,7 @@ import torch
 
 from tik_evo.family import Check, Family
 from tik_evo.remote import RemoteModule, Runner, bits_equal, connect
+from tik_evo.worker_io import WorkerJob
 
 
 def graph_stage(family: Family, impl: RemoteModule, runner: Runner, small: list[dict], seed: int, device: str,
@@ -77,15 +78,15 @@ def _root(family: Family):
     return load_module(family.root_path, f"_judge_root_{family.name}")
 
 
-def time_candidate(family: Family, impl: RemoteModule, runner: Runner, job: dict[str, Any], res,
+def time_candidate(family: Family, impl: RemoteModule, runner: Runner, job: WorkerJob, res,
                    secret: random.Random, device: str) -> list[Check]:
     """Every workload timed on the candidate's runner, its timed calls checked, then its fresh-input verify."""
     from tik_evo import timed
 
     root = _root(family)
     found: list[Check] = []
-    for w in job["workloads"]:
-        m, checks, bench = timed.measure(family, impl, root, runner, w, device, job["evaluate"], secret)
+    for w in job.workloads:
+        m, checks, bench = timed.measure(family, impl, root, runner, w, device, job.evaluate, secret)
         m.update(phase=w["phase"], bytes=bench.bytes_moved, flops=bench.flops)
         res.data["measurements"][w["name"]] = m
         found += checks
@@ -95,13 +96,13 @@ def time_candidate(family: Family, impl: RemoteModule, runner: Runner, job: dict
     return found
 
 
-def time_best(family: Family, runner: Runner, job: dict[str, Any], res, secret: random.Random, device: str) -> None:
+def time_best(family: Family, runner: Runner, job: WorkerJob, res, secret: random.Random, device: str) -> None:
     """The current best, loaded from the IR's source in its own runner, timed the same way on every workload."""
     from tik_evo import timed
 
-    best = connect(runner, family, job["best_source"])
-    for w in job["workloads"]:
-        m, _, _ = timed.measure(family, best, None, runner, w, device, job["evaluate"], secret, check=False)
+    best = connect(runner, family, job.best_source)
+    for w in job.workloads:
+        m, _, _ = timed.measure(family, best, None, runner, w, device, job.evaluate, secret, check=False)
         res.data["best_retimed"][w["name"]] = m
         res.flush()
     runner.close()

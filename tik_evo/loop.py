@@ -7,7 +7,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -17,10 +16,10 @@ from tik_evo.audit import AuditJob, AuditOutcome, audit_slots, close_executors, 
 from tik_evo.family import Family
 from tik_evo.knobs import canonical_source, knobs_or_none
 from tik_evo.operators.base import Proposal
-from tik_evo.records import Action, Audit, Implementation, Opportunity
+from tik_evo.records import Action, Implementation, Opportunity
+from tik_evo.run_state import RunState
 from tik_evo.scheduler import Scheduler, trial_value
 from tik_evo.store import Store, Txn, source_hash
-from tik_evo.timing import timer_of
 
 
 @dataclass
@@ -31,7 +30,7 @@ class Pending:
     t0: float
     t_op: float
     best: str  # the best when the step began (its re-timing in the audit is a reference only while it stays best)
-    h: str | None = None
+    h: str | None = None  # the offspring's source hash
     existing: str | None = None  # the implementation that already has this source (or is auditing it now)
     in_flight: bool = False
     reserved: str | None = None  # the implementation id reserved for a concurrent audit
@@ -43,8 +42,8 @@ class Search:
         self.store, self.cfg, self.family = store, cfg, family
         self.on_step = on_step or (lambda s: None)
         state = store.state()
-        self.device = state["device"]
-        self.workloads = state["workloads"]
+        self.device = state.device
+        self.workloads = state.workloads
         # The scheduler's space must stay static across resumes: family opportunities only (plus "follow-up").
         opportunities = [o for o in store.all("O") if o.origin == "family"]
         self.actor = Actor(cfg, family, store, None)  # type: ignore[arg-type]
@@ -62,23 +61,23 @@ class Search:
         self.scheduler.recover(outcome)
 
     # -- stopping ------------------------------------------------------------------------------------------
-    def stop_reason(self, st: dict[str, Any], in_flight: int = 0) -> str | None:
+    def stop_reason(self, st: RunState, in_flight: int = 0) -> str | None:
         """Why no new step may start; audits in flight count against the evaluation budget."""
-        s = self.cfg.search
-        if st["kappa"] >= s.kappa_threshold:
-            return f"κ reached {st['kappa']} (threshold {s.kappa_threshold})"
-        if st["evaluations"] + in_flight >= s.max_evaluations:
-            return f"evaluation budget used ({st['evaluations']}/{s.max_evaluations})"
-        if st["budgets"]["wall_s"] >= s.wall_time_s:
-            return f"wall-time budget used ({st['budgets']['wall_s']:.0f}/{s.wall_time_s:.0f} s)"
-        if st.get("duplicates_in_a_row", 0) >= s.max_duplicates:
-            return f"{st['duplicates_in_a_row']} proposals in a row repeated existing sources (space exhausted?)"
+        s, spent = self.cfg.search, st.budgets
+        if st.kappa >= s.kappa_threshold:
+            return f"κ reached {st.kappa} (threshold {s.kappa_threshold})"
+        if st.evaluations + in_flight >= s.max_evaluations:
+            return f"evaluation budget used ({st.evaluations}/{s.max_evaluations})"
+        if spent["wall_s"] >= s.wall_time_s:
+            return f"wall-time budget used ({spent['wall_s']:.0f}/{s.wall_time_s:.0f} s)"
+        if st.duplicates_in_a_row >= s.max_duplicates:
+            return f"{st.duplicates_in_a_row} proposals in a row repeated existing sources (space exhausted?)"
         llm = self.cfg.llm
-        if llm.max_tokens and st["budgets"]["tokens"] >= llm.max_tokens:
-            return f"token budget used ({st['budgets']['tokens']}/{llm.max_tokens})"
-        if llm.max_usd and st["budgets"]["usd"] >= llm.max_usd:
-            return f"USD budget used ({st['budgets']['usd']:.2f}/{llm.max_usd:.2f})"
-        if not st["pending_opportunities"]:
+        if llm.max_tokens and spent["tokens"] >= llm.max_tokens:
+            return f"token budget used ({spent['tokens']}/{llm.max_tokens})"
+        if llm.max_usd and spent["usd"] >= llm.max_usd:
+            return f"USD budget used ({spent['usd']:.2f}/{llm.max_usd:.2f})"
+        if not st.pending_opportunities:
             return "no pending opportunities"
         return None
 
@@ -96,7 +95,7 @@ class Search:
     def _finish_run(self, reason: str) -> str:
         with self.store.transaction() as txn:
             self._flush_overhead(txn)
-            txn.state["finished"] = {"reason": reason, "at": time.time()}
+            txn.state.finished = {"reason": reason, "at": time.time()}
             txn.event("finish", f"search finished: {reason}")
         return reason
 
@@ -147,13 +146,13 @@ class Search:
 
     def _flush_overhead(self, txn: Txn) -> None:
         if self._overhead is not None:
-            over = txn.state["engine_overhead_s"]
+            over = txn.state.engine_overhead_s
             over.append(self._overhead)
             del over[:-200]
             self._overhead = None
 
     # -- one step ------------------------------------------------------------------------------------------
-    def step(self, st: dict[str, Any]) -> None:
+    def step(self, st: RunState) -> None:
         t0 = time.time()
         pending = self.begin(st, t0)
         if pending is None:
@@ -168,7 +167,7 @@ class Search:
         # Store + scheduler time this step, excluding the operator and the audit (reported by `status`).
         self._overhead = (t1 - t0 - pending.t_op - (outcome.seconds if outcome else 0.0)) + (time.time() - t1)
 
-    def begin(self, st: dict[str, Any], t0: float, slot: tuple[int, int] | None = None,
+    def begin(self, st: RunState, t0: float, slot: tuple[int, int] | None = None,
               in_flight: dict[str, str] | None = None) -> Pending | None:
         """Choose (operator, opportunity, parent) and let the operator write; the audit job if there is one to
         run. ``in_flight`` maps the sources being audited now to their reserved ids (concurrent audits only)."""
@@ -176,30 +175,30 @@ class Search:
             choice = self.actor.choose(st)
         except LookupError as e:
             with self.store.transaction() as txn:
-                txn.state["pending_opportunities"] = []
+                txn.state.pending_opportunities = []
                 txn.event("scheduler", str(e))
             return None
         self.on_step({"phase": "action", "text": f"{choice.operator} on {choice.parent} "
                       f"({choice.opportunity.kind if choice.opportunity else '-'})", "state": st})
         proposal, t_op = self.actor.propose(choice)
-        pending = Pending(choice, proposal, t0, t_op, best=st["best"])
+        pending = Pending(choice, proposal, t0, t_op, best=st.best)
         if proposal.source is None:
             return pending
         # Same KNOBS laid out differently (an LLM rewrite, a hand-formatted file) is the same source: one audit.
         proposal.source = canonical_source(proposal.source)
         pending.h = h = source_hash(proposal.source)
-        pending.existing = st["sources"].get(h)
+        pending.existing = st.sources.get(h)
         if pending.existing is None and in_flight is not None and h in in_flight:
             pending.existing = in_flight[h]  # the same source is being audited now: a repeat, not a new one
             pending.in_flight = True
         if pending.existing is not None:
             return pending
         if in_flight is None:
-            impl_id = f"I{st['counters']['I']}"  # the id this step's record will take
+            impl_id = f"I{st.counters['I']}"  # the id this step's record will take
         else:
             with self.store.transaction() as txn:  # concurrent audits: each reserves its id up front
                 impl_id = pending.reserved = txn.new_id("I")
-        best = self.store.get(st["best"])
+        best = self.store.get(st.best)
         best_source = self.store.source(best.source_hash)  # from the IR: the judge times exactly this text
         pending.job = AuditJob(
             self.family, proposal.source, h, impl_id, self.workloads, list(self.cfg.correctness.seeds),
@@ -207,88 +206,49 @@ class Search:
             audit_slots(self.cfg.evaluate, self.device)[0] if slot is None else slot[1],
             best.source_hash if self.cfg.evaluate.retime_best else None,
             best_source if self.cfg.evaluate.retime_best else None,
-            self._ancestors([choice.parent, *proposal.parents]),
+            lineage.ancestors(self.store.get, [choice.parent, *proposal.parents]),
             slot=0 if slot is None else slot[0])
         return pending
-
-    def _ancestors(self, parents: list[str]) -> list[str]:
-        """Source hashes of the offspring's ancestors, nearest first: the compiled kernels it may reuse."""
-        out, seen, todo = [], set(), list(parents)
-        while todo and len(out) < 256:
-            iid = todo.pop(0)
-            rec = None if iid in seen else self.store.get(iid)
-            seen.add(iid)
-            if rec is not None:
-                out.append(rec.source_hash)
-                todo += rec.parents
-        return out
 
     def finish(self, pending: Pending, outcome: AuditOutcome | None, wall_s: float) -> None:
         """Record the step (action, offspring, audit, decisions, state) in one transaction; tell the sampler."""
         with self.store.transaction() as txn:
-            txn.state["step"] += 1
+            txn.state.step += 1
             value = self._record(txn, pending, outcome)
-            txn.state["budgets"]["wall_s"] += wall_s
+            txn.state.budgets["wall_s"] += wall_s
             self._flush_overhead(txn)
         self.scheduler.tell(pending.choice.trial.number, value)
         self.on_step({"phase": "done", "state": self.store.state()})
 
     def _record(self, txn: Txn, pending: Pending, outcome: AuditOutcome | None) -> float | None:
+        """The step's records; the value the sampler is told (None: failed)."""
         st = txn.state
-        choice, proposal, h, existing = pending.choice, pending.proposal, pending.h, pending.existing
+        choice, proposal = pending.choice, pending.proposal
         aid = txn.new_id("A")
         action = Action(aid, choice.opportunity.id if choice.opportunity else None,
                         [choice.parent, *proposal.parents], proposal.scope, choice.operator,
                         proposal.rationale, proposal.expected, dict(proposal.params), choice.trial.number,
                         tokens=proposal.tokens, cost_usd=proposal.cost_usd, started=pending.t0, finished=time.time())
-        st["budgets"]["tokens"] += sum(proposal.tokens.values())
-        st["budgets"]["usd"] += proposal.cost_usd
+        st.budgets["tokens"] += sum(proposal.tokens.values())
+        st.budgets["usd"] += proposal.cost_usd
         if outcome is None:
-            # Nothing to audit: the operator failed, changed nothing, or repeated an existing source.
-            same = existing if existing else (choice.parent if proposal.error == "no-change" else None)
-            action.outcome = "duplicate" if existing else ("no-change" if same else "failed-to-apply")
-            action.offspring, action.error = existing, proposal.error if not existing else ""
-            if pending.in_flight:  # its implementation is not recorded yet (nor ever, if the run is killed now)
-                action.offspring, action.error = None, f"repeats the source being audited now as {existing}"
-            # A repeat of a source still in flight has no objective yet: told as failed, like an operator error.
-            value = self._value_of(txn, same) if same and not pending.in_flight else None
-            action.params["_trial_value"] = value
-            txn.put(action)
-            st["duplicates"] += 1
-            st["duplicates_in_a_row"] = st.get("duplicates_in_a_row", 0) + 1
-            if action.outcome == "failed-to-apply":
-                st["failures_by_kind"]["action"] = st["failures_by_kind"].get("action", 0) + 1
-            txn.event("action", f"{aid} {choice.operator}: {action.outcome} {proposal.error[:120]}".rstrip())
-            return value
-        st["duplicates_in_a_row"] = 0
-        iid, uid = pending.reserved or txn.new_id("I"), txn.new_id("U")
+            return self._record_unaudited(txn, pending, action)
+        st.duplicates_in_a_row = 0
+        iid = pending.reserved or txn.new_id("I")
         txn.put_source(proposal.source or "")
-        st["sources"][h] = iid
-        # The best re-timed in this audit is the reference only if it is still the best: with concurrent
-        # audits another may have been promoted meanwhile, and then the stored best objective is.
-        retimed = outcome.best_retimed if st["best"] == pending.best else {}
+        offspring = Implementation(iid, pending.h or "", list(action.parents), proposal.scope, "pending", aid,
+                                   knobs=knobs_or_none(proposal.source))
         gpu = pending.job.gpu_index if self.device == "cuda" else None
-        verdict = lineage.judge(outcome.passed, outcome.measurements, retimed, st, self.cfg, gpu)
-        audit = Audit(uid, iid, outcome.stages, outcome.measurements, outcome.best_retimed, verdict.objective,
-                      verdict.best_objective, verdict.margin, outcome.passed, verdict.admissible, verdict.promoted,
-                      outcome.failure_kind, outcome.failure, verdict.limits, timer_of(outcome.measurements),
-                      outcome.device, outcome.seconds)
+        audit, verdict = lineage.record_offspring(txn, offspring, outcome, pending.best, self.cfg, gpu)
         failed = audit.failure_kind is not None
-        if outcome.passed and not verdict.admissible:
-            st["failures_by_kind"]["over-limit"] = st["failures_by_kind"].get("over-limit", 0) + 1
-        impl = Implementation(iid, h or "", [choice.parent, *proposal.parents], proposal.scope, "pending", aid, uid,
-                              knobs_or_none(proposal.source), verdict.objective, time.time())
-        action.offspring, action.outcome = iid, "audited"
-        txn.put(impl)
-        txn.put(audit)
-        st["evaluations"] += 1
         if failed:
-            k = audit.failure_kind
-            st["failures_by_kind"][k] = st["failures_by_kind"].get(k, 0) + 1
-        lineage.apply(txn, iid, choice.parent, verdict, uid, self.cfg, failed, audit.failure or verdict.reason)
+            st.count_failure(audit.failure_kind)
+        elif outcome.passed and not verdict.admissible:
+            st.count_failure("over-limit")
+        action.offspring, action.outcome = iid, "audited"
         if not failed:
             proposal.follow_ups += self.actor.after_audit(choice, proposal, verdict)
-        self._use_opportunity(txn, choice.opportunity, proposal, uid)
+        self._use_opportunity(txn, choice.opportunity, proposal, audit.id)
         value = None if failed else trial_value(verdict.objective, verdict.best_objective)
         if value is not None and not verdict.admissible:
             # Tell the sampler an over-limit offspring is worse than no change, by how far it overshot.
@@ -296,17 +256,33 @@ class Search:
             value = min(value, 0.0) - excess
         action.params["_trial_value"] = value
         txn.put(action)
-        st["history"].append({"evaluation": st["evaluations"], "impl": iid, "objective": verdict.objective,
-                              "best": st["best_objective"], "promoted": verdict.promoted, "failed": failed,
-                              "admissible": verdict.admissible})
         txn.event("audit", f"{iid} ({choice.operator}, {proposal.scope}): "
                   + (f"FAILED {audit.failure_kind}" if failed else ("PROMOTED " if verdict.promoted else "")
                      + verdict.reason), impl=iid)
         return value
 
+    def _record_unaudited(self, txn: Txn, pending: Pending, action: Action) -> float | None:
+        """Nothing to audit: the operator failed, changed nothing, or repeated an existing source."""
+        st, proposal, existing = txn.state, pending.proposal, pending.existing
+        same = existing if existing else (pending.choice.parent if proposal.error == "no-change" else None)
+        action.outcome = "duplicate" if existing else ("no-change" if same else "failed-to-apply")
+        action.offspring, action.error = existing, proposal.error if not existing else ""
+        if pending.in_flight:  # its implementation is not recorded yet (nor ever, if the run is killed now)
+            action.offspring, action.error = None, f"repeats the source being audited now as {existing}"
+        # A repeat of a source still in flight has no objective yet: told as failed, like an operator error.
+        value = self._value_of(txn, same) if same and not pending.in_flight else None
+        action.params["_trial_value"] = value
+        txn.put(action)
+        st.duplicates += 1
+        st.duplicates_in_a_row += 1
+        if action.outcome == "failed-to-apply":
+            st.count_failure("action")
+        txn.event("action", f"{action.id} {action.operator}: {action.outcome} {proposal.error[:120]}".rstrip())
+        return value
+
     def _value_of(self, txn: Txn, impl_id: str) -> float | None:
         impl = txn.get(impl_id)
-        return trial_value(impl.objective, txn.state["best_objective"]) if impl and impl.objective else None
+        return trial_value(impl.objective, txn.state.best_objective) if impl and impl.objective else None
 
     def _use_opportunity(self, txn: Txn, opp: Opportunity | None, proposal: Proposal, audit_id: str) -> None:
         st = txn.state
@@ -316,7 +292,7 @@ class Search:
             opp.evidence.append(audit_id)
             if not opp.repeatable:
                 opp.status = "consumed"
-                st["pending_opportunities"] = [o for o in st["pending_opportunities"] if o != opp.id]
+                st.pending_opportunities = [o for o in st.pending_opportunities if o != opp.id]
             txn.put(opp)
         for f in proposal.follow_ups:
             oid = txn.new_id("O")
@@ -324,4 +300,4 @@ class Search:
                                 list(f.get("paths", ["full", "decode"])), list(f.get("knobs", [])),
                                 origin=f"{'split' if f.get('split') else 'audit'}:{audit_id}", evidence=[audit_id],
                                 created=time.time(), values=dict(f.get("values", {}))))
-            st["pending_opportunities"].append(oid)
+            st.pending_opportunities.append(oid)

@@ -12,10 +12,10 @@ from tik_evo.timing import LABELS
 def series(store: Store) -> dict[str, Any]:
     snap = store.snapshot()
     st = snap["state"]
-    root_t = st["root_objective"]
+    root_t = st.root_objective
     points = {"verified": [], "over limit": [], "promoted": [], "failed": []}
     best = []
-    for h in st["history"]:
+    for h in st.history:
         n = h["evaluation"]
         best.append((n, root_t / h["best"]))
         if n == 0:
@@ -29,7 +29,7 @@ def series(store: Store) -> dict[str, Any]:
         points[kind].append((n, root_t / h["objective"] if h["objective"] else 0.0))
     timers = {a.timer for a in snap["U"] if a.timer}
     return {"best": best, "points": points, "timer": " + ".join(LABELS.get(t, t) for t in sorted(timers)),
-            "title": f"{st.get('family')} on {(st.get('device_facts') or {}).get('actual_gpu') or 'CPU interpreter'}"}
+            "title": f"{st.family} on {st.device_facts.get('actual_gpu') or 'CPU interpreter'}"}
 
 
 def plot(run_dir: Path, output: Path) -> dict[str, Any]:

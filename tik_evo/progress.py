@@ -7,6 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from tik_evo.run_state import RunState
+
 
 class LiveProgress:
     def __init__(self, cfg: Any, console: Console, enabled: bool = True):
@@ -26,11 +28,10 @@ class LiveProgress:
         self.progress.stop()
 
     def update(self, event: dict[str, Any]) -> None:
-        st = event["state"]
-        best = st.get("best_objective")
-        root = st.get("root_objective")
+        st: RunState = event["state"]
+        best, root = st.best_objective, st.root_objective
         sp = f"{root / best:.3f}x" if best and root else "-"
-        clock = " interpreter wall clock" if st.get("device") == "cpu" else ""
-        info = (f"best {st.get('best')} T={best:.4g}{clock} ({sp})  κ {st['kappa']}/{self.cfg.search.kappa_threshold}  "
+        clock = " interpreter wall clock" if st.device == "cpu" else ""
+        info = (f"best {st.best} T={best:.4g}{clock} ({sp})  κ {st.kappa}/{self.cfg.search.kappa_threshold}  "
                 if best else "") + (event.get("text") or "")[:70]
-        self.progress.update(self.task, completed=st["evaluations"], info=info)
+        self.progress.update(self.task, completed=st.evaluations, info=info)

@@ -54,44 +54,44 @@ def status(store: Store) -> Group:
     st = snap["state"]
     impls = {i.id: i for i in snap["I"]}
     audits = {a.impl: a for a in snap["U"]}
-    timer = audits[st["root"]].timer if st.get("root") in audits else ""
+    timer = audits[st.root].timer if st.root in audits else ""
     head = Table.grid(padding=(0, 2))
     head.add_row("run", str(store.run_dir))
-    head.add_row("family / device", f"{st.get('family')} / {st.get('device')} "
-                 f"({(st.get('device_facts') or {}).get('actual_gpu') or 'no GPU'})")
-    start = start_label(st.get("start") or {})
+    head.add_row("family / device", f"{st.family} / {st.device} "
+                 f"({st.device_facts.get('actual_gpu') or 'no GPU'})")
+    start = start_label(st.start or {})
     if start:
         head.add_row("root", f"the family's root with start {start}")
     head.add_row("timings", timer_note(timer) + (" — interpreter timings say nothing about GPU speed"
                                                    if WALL_INTERPRETER in timer else ""))
-    best = st.get("best")
+    best = st.best
     if best:
-        head.add_row("best", f"{best}  T={st['best_objective']:.6g}  root T={st['root_objective']:.6g}  "
-                     f"speed-up {st['root_objective'] / st['best_objective']:.3f}x")
-    head.add_row("κ", str(st["kappa"]))
-    head.add_row("evaluations", f"{st['evaluations']} audited, {st['duplicates']} repeats/no-change")
-    moves = st.get("moves")
+        head.add_row("best", f"{best}  T={st.best_objective:.6g}  root T={st.root_objective:.6g}  "
+                     f"speed-up {st.root_objective / st.best_objective:.3f}x")
+    head.add_row("κ", str(st.kappa))
+    head.add_row("evaluations", f"{st.evaluations} audited, {st.duplicates} repeats/no-change")
+    moves = st.moves
     if moves:  # search.neighbours: the best's one-knob moves still to try before the sampler's draws
         head.add_row("one-knob moves", f"{len(moves['left'])} of {moves['of']}'s left")
     per_gpu = Counter(a.device.get("gpu_index") for a in audits.values() if a.device.get("gpu_index") is not None)
     if len(per_gpu) > 1:  # concurrent audits (evaluate.gpus)
         head.add_row("audits per GPU", ", ".join(f"GPU {g}: {n}" for g, n in sorted(per_gpu.items())))
-    fails = ", ".join(f"{k}: {v}" for k, v in sorted(st["failures_by_kind"].items())) or "none"
+    fails = ", ".join(f"{k}: {v}" for k, v in sorted(st.failures_by_kind.items())) or "none"
     head.add_row("failures by kind", fails)
-    b = st["budgets"]
+    b = st.budgets
     head.add_row("budget used", f"wall {b['wall_s']:.0f} s, tokens {b['tokens']}, USD {b['usd']:.4f}")
     for op, (n, calls, p, c, usd) in operator_accounting(snap["A"]).items():
         head.add_row(f"  operator {op}", f"{n} actions, {calls} LLM calls, tokens {p} prompt + {c} completion, "
                      f"USD {usd:.4f}")
-    over = st.get("engine_overhead_s") or []
+    over = st.engine_overhead_s
     if over:
         head.add_row("engine overhead", f"{statistics.mean(over) * 1e3:.1f} ms/step mean (store + scheduler)")
-    spent = audit_time(snap["U"], st.get("root"))
+    spent = audit_time(snap["U"], st.root)
     if spent:
         head.add_row("audit time", spent)
-    head.add_row("frontier / archive", f"{', '.join(st['frontier'])} / {', '.join(st['archive']) or '-'}")
-    if st["finished"]:
-        head.add_row("finished", st["finished"]["reason"])
+    head.add_row("frontier / archive", f"{', '.join(st.frontier)} / {', '.join(st.archive) or '-'}")
+    if st.finished:
+        head.add_row("finished", st.finished["reason"])
     else:
         pid = store.writer_pid()
         head.add_row("finished", f"no: running (pid {pid})" if pid else
@@ -106,7 +106,7 @@ def status(store: Store) -> Group:
         root = root_latencies(st, a.device.get("gpu_index"))
         for n, s in sp.items():
             t.add_row(n, fmt_time(root[n]), fmt_time(a.measurements[n]["median_s"]),
-                      f"{s:.3f}x", f"{st['limits'][n]['limit']:.2f}x")
+                      f"{s:.3f}x", f"{st.limits[n]['limit']:.2f}x")
         parts.append(t)
     return Group(*parts)
 
@@ -181,11 +181,11 @@ def show(store: Store, impl_id: str) -> Group:
             for col in ("workload", "time", "spread", "vs root", "limit", "best (same audit)"):
                 m.add_column(col)
             for n, x in audit.measurements.items():
-                root = st["root_latencies"].get(n)
+                root = st.root_latencies.get(n)
                 retimed = audit.best_retimed.get(n, {}).get("median_s")
                 m.add_row(n, fmt_time(x["median_s"]), f"{x.get('spread', 0):.1%}",
                           f"{x['median_s'] / root:.3f}x" if root else "-",
-                          f"{st['limits'].get(n, {}).get('limit', 0):.2f}x", fmt_time(retimed))
+                          f"{st.limits.get(n, {}).get('limit', 0):.2f}x", fmt_time(retimed))
             parts.append(m)
     return Group(*parts)
 
@@ -197,7 +197,7 @@ def lineage_tree(store: Store) -> Tree:
     for i in snap["I"]:
         if i.parents:
             children.setdefault(i.parents[0], []).append(i.id)
-    root = snap["state"].get("root") or (snap["I"][0].id if snap["I"] else None)
+    root = snap["state"].root or (snap["I"][0].id if snap["I"] else None)
     if root is None:
         return Tree("(empty run)")
     actions = {a.id: a for a in snap["A"]}
@@ -220,7 +220,7 @@ def lineage_tree(store: Store) -> Tree:
 
 def export(store: Store) -> Iterator[str]:
     snap = store.snapshot()
-    yield json.dumps({"type": "state", **snap["state"]})
+    yield json.dumps({"type": "state", **snap["state"].to_dict()})
     for kind, name in (("I", "implementation"), ("O", "opportunity"), ("A", "action"), ("U", "audit"),
                        ("D", "decision")):
         for r in snap[kind]:

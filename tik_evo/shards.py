@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tik_evo.audit import read_result
 from tik_evo.executor import die_with_parent, forked_child
 from tik_evo.family import Check
+from tik_evo.worker_io import WorkerJob, read_json
 
 MAX_AUTO = 8
 
@@ -50,7 +50,7 @@ class Shard:
     log: Path
 
 
-def start(job: dict[str, Any], all_cases: list[dict[str, Any]], shards: int, work: Path) -> list[Shard]:
+def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path) -> list[Shard]:
     """Fork one process per share of ``all_cases``; each starts a runner of its own for the candidate. Call
     before anything initialises CUDA."""
     out = []
@@ -101,7 +101,7 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
     for s in shards:
         code = _reap(s.pid)
         s.pid = 0
-        data = read_result(s.result)
+        data = read_json(s.result)
         for c, checks in data.get("cases", {}).items():
             by_case[int(c)] = [Check(d["name"], d["passed"], d["kind"], d["details"]) for d in checks]
         if data.get("error"):
@@ -119,12 +119,12 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
     return Collected(checks, text, kind, stop_at, type_)
 
 
-def _child(job: dict[str, Any], all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path) -> None:
+def _child(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path) -> None:
     die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
     forked_child(log, lambda: run(job, all_cases, cases, result))
 
 
-def run(job: dict[str, Any], all_cases: list[dict[str, Any]], cases: list[int], result: Path) -> None:
+def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path) -> None:
     """A shard's work: its cases at the "full" level, every seed, on a runner of its own; the result file
     rewritten after each case."""
     from tik_evo import sandbox
@@ -133,12 +133,12 @@ def run(job: dict[str, Any], all_cases: list[dict[str, Any]], cases: list[int], 
     from tik_evo.worker import error_kind, sandbox_options
 
     sandbox.become_subreaper()
-    family = load_family(job["family"])
+    family = load_family(job.family)
     data: dict[str, Any] = {"cases": {}, "error": None, "done": False}
     opts = sandbox_options(job)
     try:
-        runner = Runner.fork(job["device"], opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
-        impl = connect(runner, family, job["source"])
+        runner = Runner.fork(job.device, opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
+        impl = connect(runner, family, job.source)
     except CandidateError as e:
         data["error"] = {"case": cases[0], "text": str(e), "kind": error_kind(e), "type": e.type_name}
         _write(result, data)
@@ -146,8 +146,8 @@ def run(job: dict[str, Any], all_cases: list[dict[str, Any]], cases: list[int], 
     for c in cases:
         checks: list[Check] = []
         try:
-            for seed in job["seeds"]:
-                checks += family.run_checks(impl, all_cases[c], seed, job["device"])
+            for seed in job.seeds:
+                checks += family.run_checks(impl, all_cases[c], seed, job.device)
                 checks += impl.take_checks(f"[case {c} seed {seed}]")
         except Exception as e:
             text = f"in check case {c}: {e}" if isinstance(e, CandidateError) else traceback.format_exc(limit=6)

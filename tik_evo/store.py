@@ -1,15 +1,13 @@
 """The IR store: one LMDB environment per run directory.
 
-One write transaction per loop step keeps the records and the search state consistent through a kill -9;
-readers in other processes (status, the TUI) get LMDB's MVCC snapshots while the run writes. A second
-writer on the same run is refused through an exclusive ``flock`` that the kernel drops when a process dies.
-Every value is checksummed and the file's size checked on open (``store_integrity``); the writer keeps compacted
-backups of the store in RUN/backups (``store_salvage``).
+One write transaction per loop step keeps the records and the search state (a ``RunState``) consistent through
+a kill -9; readers in other processes (status, the TUI) get LMDB's MVCC snapshots while the run writes. A second
+writer on the same run is refused (``store_lock``). Every value is checksummed and the file's size checked on
+open (``store_integrity``); the writer keeps compacted backups of the store in RUN/backups (``store_salvage``).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -23,7 +21,9 @@ from typing import Any
 import lmdb
 
 from tik_evo import store_integrity as integrity
+from tik_evo import store_lock
 from tik_evo.records import SCHEMA_VERSION, TABLES, to_dict
+from tik_evo.run_state import RunState
 from tik_evo.store_integrity import Damaged, StoreCorrupt, StoreError, StoreFull, StoreLocked, corrupt, key_name, seal
 
 __all__ = ["Store", "StoreCorrupt", "StoreError", "StoreFull", "StoreLocked", "Txn", "best_of", "source_hash"]
@@ -31,7 +31,6 @@ __all__ = ["Store", "StoreCorrupt", "StoreError", "StoreFull", "StoreLocked", "T
 DB_NAMES = (*TABLES.values(), "source", "state", "meta", "event")
 # Virtual; the file grows only as records are written. Tests shrink it to fill the map.
 MAP_SIZE = int(os.environ.get("TIK_EVO_MAP_SIZE") or 4 << 30)
-LOCK_WAIT_S = 0.5  # how long a writer waits for the lock before refusing (outlasts a status probe)
 READABLE_SCHEMAS = (1, SCHEMA_VERSION)  # schema 1: the same records, without checksums
 BACKUP_EVERY = 10  # steps between backups of the store (and one when the run finishes)
 
@@ -50,28 +49,17 @@ def source_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def initial_state() -> dict[str, Any]:
-    return {
-        "schema": SCHEMA_VERSION, "root": None, "best": None, "frontier": [], "archive": [],
-        "pending_opportunities": [], "kappa": 0, "step": 0, "evaluations": 0, "duplicates": 0,
-        "failures_by_kind": {}, "budgets": {"wall_s": 0.0, "tokens": 0, "usd": 0.0},
-        "counters": {k: 0 for k in TABLES}, "finished": None, "root_latencies": {}, "limits": {},
-        "weights": {}, "best_objective": None, "root_objective": None, "sources": {},
-        "engine_overhead_s": [], "history": [],
-    }
-
-
 class Txn:
     """A write transaction: every put lands together or not at all."""
 
     def __init__(self, store: Store, txn: lmdb.Transaction):
         self._s, self._t = store, txn
-        self.state: dict[str, Any] = store._read_state(txn)
-        self.began = (self.state["step"], bool(self.state.get("finished")))
+        self.state: RunState = store._read_state(txn)
+        self.began = (self.state.step, bool(self.state.finished))
 
     def new_id(self, kind: str) -> str:
-        n = self.state["counters"][kind]
-        self.state["counters"][kind] = n + 1
+        n = self.state.counters[kind]
+        self.state.counters[kind] = n + 1
         return f"{kind}{n}"
 
     def put(self, record: Any) -> None:
@@ -91,9 +79,9 @@ class Txn:
 
     def event(self, kind: str, text: str, **data: Any) -> None:
         db = self._s._dbs["event"]
-        n = self.state.setdefault("events", 0)
-        self.state["events"] = n + 1
-        payload = {"n": n, "t": time.time(), "step": self.state["step"], "kind": kind, "text": text, **data}
+        n = self.state.events
+        self.state.events = n + 1
+        payload = {"n": n, "t": time.time(), "step": self.state.step, "kind": kind, "text": text, **data}
         self._t.put(f"{n:09d}".encode(), seal(json.dumps(payload).encode()), db=db)
 
 
@@ -144,7 +132,7 @@ class Store:
             if t.get(b"state", db=store._dbs["state"]) is None:
                 t.put(b"schema", str(SCHEMA_VERSION).encode(), db=store._dbs["meta"])
                 t.put(b"integrity", integrity.INTEGRITY, db=store._dbs["meta"])
-                t.put(b"state", seal(json.dumps(initial_state()).encode()), db=store._dbs["state"])
+                t.put(b"state", seal(json.dumps(RunState().to_dict()).encode()), db=store._dbs["state"])
                 store.strict = True
         return store
 
@@ -158,7 +146,7 @@ class Store:
         try:
             store.verify()
             if store.schema != SCHEMA_VERSION:  # it gets sealed values, which a schema-1 reader can't read
-                with store._writing(store.state()["step"]), store._env.begin(write=True) as t:
+                with store._writing(store.state().step), store._env.begin(write=True) as t:
                     t.put(b"schema", str(SCHEMA_VERSION).encode(), db=store._dbs["meta"])
         except BaseException:
             store.close()
@@ -199,55 +187,15 @@ class Store:
                              f"{', '.join(map(str, READABLE_SCHEMAS))}; use the matching tik-evo version")
 
     def _acquire_lock(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / "writer.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            # A reader's `writer_pid` probe holds the lock for microseconds: wait that out, not a real writer.
-            deadline = time.monotonic() + LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.01)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise StoreLocked(f"{self.run_dir} is already being written by another tik-evo process "
-                              f"(pid {holder}); wait for it to finish or stop it, then `tik-evo resume "
-                              f"{self.run_dir}`. Read-only commands (status, show, tui) work meanwhile.") from None
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, str(os.getpid()).encode())
-        except OSError:  # the pid only names the writer in messages: a full disk must not stop the run here
-            pass
-        self._lock_fd = fd
+        self._lock_fd = store_lock.acquire(self.run_dir)
 
     def writer_pid(self) -> int | None:
         """The pid of the process writing this run now, or None (finished, interrupted or killed)."""
-        path = self.run_dir / "writer.lock"
-        if self._lock_fd is not None:
-            return os.getpid()
-        try:
-            fd = os.open(path, os.O_RDWR)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return None  # nobody holds it
-        except BlockingIOError:
-            text = os.read(fd, 32).decode(errors="replace").strip()
-            return int(text) if text.isdigit() else -1
-        finally:
-            os.close(fd)
+        return os.getpid() if self._lock_fd is not None else store_lock.writer_pid(self.run_dir)
 
     def _release_lock(self) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            store_lock.release(self._lock_fd)
             self._lock_fd = None
 
     def close(self) -> None:
@@ -266,11 +214,11 @@ class Store:
         if not self.writer:
             raise StoreError("store opened read-only")
         txn: Txn | None = None
-        with self._writing(lambda: txn and txn.state["step"]), self._env.begin(write=True, buffers=True) as t:
+        with self._writing(lambda: txn and txn.state.step), self._env.begin(write=True, buffers=True) as t:
             txn = Txn(self, t)
             yield txn
-            t.put(b"state", seal(json.dumps(txn.state).encode()), db=self._dbs["state"])
-        (step0, finished0), step, finished = txn.began, txn.state["step"], bool(txn.state.get("finished"))
+            t.put(b"state", seal(json.dumps(txn.state.to_dict()).encode()), db=self._dbs["state"])
+        (step0, finished0), step, finished = txn.began, txn.state.step, bool(txn.state.finished)
         if step // BACKUP_EVERY > step0 // BACKUP_EVERY or (finished and not finished0):
             self.backup()
 
@@ -352,13 +300,13 @@ class Store:
             raw = t.get(key, db=self._dbs[table])
             return None if raw is None else self._copy(table, key, raw, self._limit())
 
-    def _read_state(self, t: lmdb.Transaction) -> dict[str, Any]:
+    def _read_state(self, t: lmdb.Transaction) -> RunState:
         raw = self._get(t, "state", b"state")
         if raw is None:
             raise StoreError(f"{self.run_dir}: IR store has no state record")
-        return self._decoded("state", b"state", raw)
+        return RunState.from_dict(self._decoded("state", b"state", raw))
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> RunState:
         with self._env.begin(buffers=True) as t:
             return self._read_state(t)
 
@@ -416,9 +364,9 @@ def best_of(run_dir: Path, family: str | None = None) -> tuple[str, str, str]:
     best); with `family`, the run must be of that family."""
     with Store.open_reader(Path(run_dir)) as store:
         state = store.state()
-        if family is not None and state.get("family") != family:
-            raise StoreError(f"{run_dir}: a run of family {state.get('family')!r}, not {family!r}")
-        if state.get("best") is None:
+        if family is not None and state.family != family:
+            raise StoreError(f"{run_dir}: a run of family {state.family!r}, not {family!r}")
+        if state.best is None:
             raise StoreError(f"{run_dir}: no best implementation yet (the root audit has not finished)")
-        impl = store.get(state["best"])
-        return state.get("family"), impl.id, store.source(impl.source_hash)
+        impl = store.get(state.best)
+        return state.family, impl.id, store.source(impl.source_hash)

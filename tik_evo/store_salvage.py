@@ -45,7 +45,7 @@ PROBE_PAST = 64  # without a readable state, ids are looked up this far past the
 
 @dataclass
 class Scan:
-    state: dict[str, Any] | None = None
+    state: dict[str, Any] | None = None  # the state record as stored: salvage takes what it holds
     records: dict[str, list[Any]] = field(default_factory=lambda: {k: [] for k in TABLES})
     sources: dict[str, str] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -250,7 +250,7 @@ def make_backup(store: Store) -> Path:
     let it replace the oldest backup."""
     root = store.run_dir / BACKUPS
     root.mkdir(exist_ok=True)
-    step = store.state()["step"]
+    step = store.state().step
     tmp = root / f".partial-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

@@ -53,12 +53,12 @@ def run_name(combo: dict[str, str]) -> str:
 def summary(run_dir: Path) -> dict[str, Any]:
     with Store.open_reader(run_dir) as store:
         st = store.state()
-    best, root = st.get("best_objective"), st.get("root_objective")
-    return {"run": str(run_dir), "evaluations": st["evaluations"], "kappa": st["kappa"],
-            "speedup": (root / best) if best and root else None, "best": st.get("best"),
-            "failures": sum(st["failures_by_kind"].values()), "tokens": st["budgets"]["tokens"],
-            "usd": st["budgets"]["usd"], "wall_s": st["budgets"]["wall_s"],
-            "finished": (st.get("finished") or {}).get("reason")}
+    best, root = st.best_objective, st.root_objective
+    return {"run": str(run_dir), "evaluations": st.evaluations, "kappa": st.kappa,
+            "speedup": (root / best) if best and root else None, "best": st.best,
+            "failures": sum(st.failures_by_kind.values()), "tokens": st.budgets["tokens"],
+            "usd": st.budgets["usd"], "wall_s": st.budgets["wall_s"],
+            "finished": (st.finished or {}).get("reason")}
 
 
 def run_state(run_dir: Path, finished: str | None) -> str:
@@ -160,9 +160,9 @@ def live_row(run: SweepRun) -> list[str]:
             st = store.state()
     except Exception:  # not created yet, or being created: nothing to show
         return [run.name, where, status, "-", "-", "-", "-"]
-    best, root = st.get("best_objective"), st.get("root_objective")
-    return [run.name, where, status, str(st.get("evaluations", 0)), f"{root / best:.3f}x" if best and root else "-",
-            str(st.get("kappa", "-")), f"{st.get('budgets', {}).get('wall_s', 0):.0f}"]
+    best, root = st.best_objective, st.root_objective
+    return [run.name, where, status, str(st.evaluations), f"{root / best:.3f}x" if best and root else "-",
+            str(st.kappa), f"{st.budgets.get('wall_s', 0):.0f}"]
 
 
 def live_table(runs: list[SweepRun]) -> Table:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tik_evo.failure import error_kind  # noqa: F401 - shards and tests import it from here
+from tik_evo.worker_io import WorkerJob
 
 
 class Result:
@@ -69,19 +70,19 @@ def _trace(e: BaseException) -> str:
     return str(e) if isinstance(e, CandidateError) else traceback.format_exc(limit=6)
 
 
-def sandbox_options(job: dict[str, Any]) -> dict[str, Any]:
+def sandbox_options(job: WorkerJob) -> dict[str, Any]:
     """The runner's confinement: the run directory and $HOME hidden, the Triton cache kept per source."""
-    run_dir = Path(job["run_dir"])
+    run_dir = Path(job.run_dir)
     root = run_dir / "triton"
-    return {"mode": job["evaluate"].get("sandbox", "auto"), "hide": [str(run_dir), os.path.expanduser("~")],
-            "cache_dir": root / job["source_hash"], "cache_read": [root / h for h in job.get("ancestors", [])]}
+    return {"mode": job.evaluate.get("sandbox", "auto"), "hide": [str(run_dir), os.path.expanduser("~")],
+            "cache_dir": root / job.source_hash, "cache_read": [root / h for h in job.ancestors]}
 
 
-def run(job: dict[str, Any]) -> None:
+def run(job: WorkerJob) -> None:
     from tik_evo import sandbox
 
-    res = Result(Path(job["result_path"]))
-    device = job["device"]
+    res = Result(Path(job.result_path))
+    device = job.device
     sandbox.become_subreaper()  # whatever a runner leaves behind becomes ours to kill
     try:
         sandbox.prctl(sandbox.PR_SET_DUMPABLE, 0)  # a runner (same uid) cannot read this process's memory
@@ -93,14 +94,14 @@ def run(job: dict[str, Any]) -> None:
         sandbox.kill_descendants()
 
 
-def _stages(job: dict[str, Any], res: Result, device: str) -> None:
+def _stages(job: WorkerJob, res: Result, device: str) -> None:
     from tik_evo import interp, shards
     from tik_evo.families import load_family
     from tik_evo.remote import CandidateError, Runner, connect
 
     if device == "cpu":
         interp.install()
-    family = load_family(job["family"])
+    family = load_family(job.family)
     secret = random.Random(int.from_bytes(os.urandom(8), "little"))  # draws the candidate cannot predict
     opts = sandbox_options(job)
     # All the family's drawn cases on a GPU; one under the interpreter, where a case takes seconds.
@@ -109,15 +110,15 @@ def _stages(job: dict[str, Any], res: Result, device: str) -> None:
     res.data["drawn_cases"] = drawn  # drawn for this audit: recorded so a failure can be reproduced
     t0 = time.time()
     # Every process that runs candidate code forks now, before this process touches CUDA.
-    procs = shards.count(int(job["evaluate"].get("check_procs", 0)), len(cases))
-    forked = shards.start(job, cases, procs, Path(job["result_path"]).parent) if procs > 1 else []
+    procs = shards.count(int(job.evaluate.get("check_procs", 0)), len(cases))
+    forked = shards.start(job, cases, procs, Path(job.result_path).parent) if procs > 1 else []
     best = None
     try:
         runner = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
-        if job.get("best_source") and job.get("time", True):
-            best = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"].parent / job["best_hash"])
+        if job.best_source and job.time:
+            best = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"].parent / job.best_hash)
         res.data["sandbox"] = runner.sandbox
-        impl = connect(runner, family, job["source"])
+        impl = connect(runner, family, job.source)
     except CandidateError as e:
         shards.stop(forked)
         res.data["device"] = _device_info(device)
@@ -129,7 +130,7 @@ def _stages(job: dict[str, Any], res: Result, device: str) -> None:
     res.data["device"]["check_procs"] = max(len(forked), 1)
     res.data["secret_seed_draws"] = "os.urandom"
 
-    seeds = job["seeds"]
+    seeds = job.seeds
     small = family.check_cases("small")
     for level, todo, seed_list in (("small", small, seeds[:1]), ("full", cases, seeds)):
         t0 = time.time()
@@ -163,7 +164,7 @@ def _stages(job: dict[str, Any], res: Result, device: str) -> None:
     for name, stage in (("graph", judged.graph_stage), ("repeat", judged.repeat_stage)):
         t0 = time.time()
         try:
-            checks = stage(family, impl, runner, small, seeds[0], device, job["evaluate"])
+            checks = stage(family, impl, runner, small, seeds[0], device, job.evaluate)
         except Exception as e:
             res.stage(name, False, t0, impl.take_checks(summary=False), error=_trace(e), kind=error_kind(e))
             return
@@ -171,7 +172,7 @@ def _stages(job: dict[str, Any], res: Result, device: str) -> None:
                                                 kind=_failed_kind(checks)):
             return
 
-    if not job.get("time", True):
+    if not job.time:
         res.data["done"] = True
         res.flush()
         return
@@ -203,7 +204,7 @@ def main() -> None:
     from tik_evo.executor import die_with_parent
 
     die_with_parent()
-    job = json.loads(Path(sys.argv[1]).read_text())
+    job = WorkerJob.from_json(Path(sys.argv[1]).read_text())
     run(job)
 
 

@@ -103,7 +103,7 @@ class TikEvoApp(App[None]):
             return False
         self.view = view
         if self.selected is None or self.selected not in view.impls:
-            self.selected = view.state.get("best") or view.root_id
+            self.selected = view.state.best or view.root_id
         self.query_one(RunBar).show(view)
         note = self.query_one("#frontier-note", Static)
         if not view.impls:
@@ -149,7 +149,7 @@ class TikEvoApp(App[None]):
             self.call_after_refresh(self._focus_pane, event.pane.id)
 
     def action_best(self) -> None:
-        best = self.view.state.get("best") if self.view else None
+        best = self.view.state.best if self.view else None
         if best:
             self.query_one(LineageTree).select_impl(best)
             self.on_impl_chosen(ImplChosen(best, open=True))

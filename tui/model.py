@@ -13,6 +13,7 @@ from typing import Any
 
 from tik_evo.lineage import root_latencies
 from tik_evo.records import VERIFIED
+from tik_evo.run_state import RunState
 
 INTERP_TIMER = "wall-interpreter"
 INTERP_NOTE = "Triton interpreter: CPU wall clock, not GPU time"
@@ -94,16 +95,15 @@ class RunView:
     """One consistent view of a run: the snapshot plus derived tables."""
 
     def __init__(self, snap: dict[str, Any], config: RunConfig | None = None):
-        self.state: dict[str, Any] = snap["state"]
+        self.state: RunState = snap["state"]
         self.config = config or RunConfig()
         self.impls = {r.id: r for r in snap["I"]}
         self.opps = {r.id: r for r in snap["O"]}
         self.actions = {r.id: r for r in snap["A"]}
         self.audits = {r.id: r for r in snap["U"]}
         self.decisions = list(snap["D"])
-        self.root_id: str | None = self.state.get("root") or next(
-            (i.id for i in snap["I"] if not i.parents), None)
-        self.weights: dict[str, float] = self.state.get("weights") or {}
+        self.root_id: str | None = self.state.root or next((i.id for i in snap["I"] if not i.parents), None)
+        self.weights: dict[str, float] = self.state.weights
 
     # -- lookups ---------------------------------------------------------------------------------------------
     def audit_of(self, impl_id: str | None) -> Any:
@@ -149,7 +149,7 @@ class RunView:
         root on each of their GPUs), else at initialization."""
         audit = self.audit_of(impl_id) if impl_id else None
         gpu = audit.device.get("gpu_index") if audit else None
-        t = median((root_latencies(self.state, gpu) if self.state.get("root_latencies") else {}).get(workload))
+        t = median((root_latencies(self.state, gpu) if self.state.root_latencies else {}).get(workload))
         return t if t is not None else self.latency(self.root_id, workload)
 
     def workload_paths(self) -> dict[str, str]:
@@ -159,13 +159,13 @@ class RunView:
             for w, m in audit.measurements.items():
                 if isinstance(m, dict) and "phase" in m:
                     out.setdefault(w, path_of(m["phase"]))
-        for w in (self.state.get("limits") or {}):
+        for w in self.state.limits:
             out.setdefault(w, path_of("decode" if "decode" in w else "full"))
         return out
 
     def speedup(self, impl_id: str) -> float | None:
         impl = self.impls.get(impl_id)
-        root_obj = self.state.get("root_objective")
+        root_obj = self.state.root_objective
         if root_obj is None and self.root_id in self.impls:
             root_obj = self.impls[self.root_id].objective
         if impl and impl.objective and root_obj:
@@ -193,7 +193,7 @@ class RunView:
         audit, impl = self.audit_of(impl_id), self.impls.get(impl_id)
         if audit is None or impl is None:
             return []
-        limits = self.state.get("limits") or {}
+        limits = self.state.limits
         parent = impl.parents[0] if impl.parents else None
         rows = []
         for w, m in audit.measurements.items():
@@ -218,11 +218,11 @@ class RunView:
     def history(self) -> list[tuple[float | None, bool]]:
         """(best-so-far speed-up, promoted here?) per evaluation.
 
-        The engine's state["history"] is authoritative; the audits' promoted flags are the fallback for
-        stores written without it.
+        The run state's history is authoritative; the audits' promoted flags are the fallback for stores
+        written without it.
         """
-        root_obj = self.state.get("root_objective")
-        hist = self.state.get("history") or []
+        root_obj = self.state.root_objective
+        hist = self.state.history
         if root_obj and hist and all(isinstance(h, dict) and "best" in h for h in hist):
             return [(root_obj / h["best"] if h.get("best") else None,
                      bool(h.get("promoted")) and h.get("impl") != self.root_id) for h in hist]

@@ -6,16 +6,16 @@ import gc
 from pathlib import Path
 from typing import Any
 
+from tik_evo.run_state import RunState
 from tik_evo.store import Store, StoreError
 from tui.model import RunConfig, RunView
 
 
-def change_key(state: dict[str, Any]) -> tuple:
+def change_key(state: RunState) -> tuple:
     # Every engine transaction bumps the step, an event count or a record counter; comparing these avoids
     # re-reading every record each second.
-    counters = state.get("counters") or {}
-    return (state.get("step"), state.get("events"), state.get("evaluations"), tuple(sorted(counters.items())),
-            bool(state.get("finished")), state.get("best"), state.get("kappa"))
+    return (state.step, state.events, state.evaluations, tuple(sorted(state.counters.items())),
+            bool(state.finished), state.best, state.kappa)
 
 
 class RunSource:

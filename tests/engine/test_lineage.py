@@ -1,13 +1,16 @@
 """Promotion: every check, every limit, and strictly better than the best by more than the noise margin."""
 
+from dataclasses import replace
+
 from omegaconf import OmegaConf
 
 from tik_evo.config import Campaign
 from tik_evo.lineage import judge, objective
+from tik_evo.run_state import RunState
 
-STATE = {"weights": {"a": 1.0, "b": 2.0}, "root_latencies": {"a": 1.0, "b": 0.5},
-         "limits": {"a": {"limit": 1.05, "max_s": 1.05}, "b": {"limit": 1.05, "max_s": 0.525}},
-         "best_objective": 2.0}
+STATE = RunState(weights={"a": 1.0, "b": 2.0}, root_latencies={"a": 1.0, "b": 0.5},
+                 limits={"a": {"limit": 1.05, "max_s": 1.05}, "b": {"limit": 1.05, "max_s": 0.525}},
+                 best_objective=2.0)
 
 
 def cfg(**objective_cfg):
@@ -60,7 +63,7 @@ def _store(tmp_path):
     s = Store.create(tmp_path)
     with s.transaction() as t:
         t.put(Implementation(t.new_id("I"), "h0", [], "root", "best", objective=2.0))
-        t.state.update(best="I0", root="I0", frontier=["I0"], best_objective=2.0)
+        t.state.best, t.state.root, t.state.frontier, t.state.best_objective = "I0", "I0", ["I0"], 2.0
     return s
 
 
@@ -105,7 +108,7 @@ def test_patience_archives_parent_and_stall_reactivates(tmp_path):
 
 def test_an_audit_is_judged_against_the_root_as_its_own_gpu_runs_it():
     # GPU 1 runs the root 10% slower: a candidate at 1.1x GPU 0's root times is within its limits there.
-    state = {**STATE, "root_latencies_by_gpu": {"0": STATE["root_latencies"], "1": {"a": 1.1, "b": 0.55}}}
+    state = replace(STATE, root_latencies_by_gpu={"0": STATE.root_latencies, "1": {"a": 1.1, "b": 0.55}})
     assert not judge(True, m(1.1, 0.55), {}, state, cfg()).admissible  # anchored on the initialization's root
     assert not judge(True, m(1.1, 0.55), {}, state, cfg(), gpu=0).admissible
     v = judge(True, m(1.1, 0.55), {}, state, cfg(normalize=True), gpu=1)

@@ -74,6 +74,14 @@ def test_quickstart_end_to_end(tmp_path, capsys):
     # A second run on the same store path is refused and loses nothing.
     assert main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={run}", "--quiet"]) == 2
     assert _records(run)[1] == records
+    # A run directory moved elsewhere resumes where it now is, and leaves nothing at its old path.
+    moved = tmp_path / "elsewhere" / "qs"
+    moved.parent.mkdir()
+    run.rename(moved)
+    n = state["evaluations"] + 1
+    assert main(["resume", str(moved), f"search.max_evaluations={n}", "--quiet"]) == 0
+    assert _records(moved)[0]["evaluations"] == n and not run.exists()
+    assert f"path: {moved}" in (moved / "config.yaml").read_text()
 
 
 def test_gpu_campaign_without_gpu_is_refused_clearly(tmp_path, capsys):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tik_evo.records import Audit, Implementation
-from tik_evo.store import initial_state
+from tik_evo.run_state import RunState
 from tui.model import RunConfig, RunView, path_of
 from tui.source import RunSource, change_key
 
@@ -16,7 +16,7 @@ def test_phases_group_into_full_and_decode():
 
 def _view(factor: float) -> RunView:
     """Root I0 and child I1 with three workloads of a family whose phases are prefill/train_forward/decode."""
-    state = initial_state() | {"root": "I0"}
+    state = RunState(root="I0")
     audits, impls = [], []
     for n, f in enumerate((1.0, factor)):
         m = {"a.prefill": {"median_s": 2e-3 * f, "phase": "prefill"},
@@ -56,7 +56,7 @@ def test_fixture_run_numbers(gpu_run):
 
 
 def test_change_key_moves_with_events():
-    st = initial_state()
+    st = RunState()
     before = change_key(st)
     st["events"] = 3
     assert change_key(st) != before

@@ -126,8 +126,7 @@ def load_problem(source: str, ctx: ActionContext) -> str | None:
 def merge_input(ctx: ActionContext) -> MergeInput | None:
     """The most recent merge-later implementation still verified, when the parent is the best."""
     store = ctx.store
-    st = store.state()
-    if ctx.parent.id != st["best"]:
+    if ctx.parent.id != store.state().best:
         return None  # a merge combines into the best; other parents simply get an edit
     done = {a.parents[1] for a in store.all("A")
             if a.params.get("llm.action") == "merge" and a.parents[:1] == [ctx.parent.id] and len(a.parents) > 1}

@@ -13,6 +13,7 @@ from string import Template
 from typing import Any
 
 from tik_evo.records import Implementation, Opportunity
+from tik_evo.run_state import RunState
 
 PROMPTS = Path(__file__).parent / "prompts"
 SCOPE_MEANING = {
@@ -81,10 +82,9 @@ def opportunity_text(opp: Opportunity | None, family: Any) -> str:
     return "\n".join(lines)
 
 
-def evidence_text(store: Any, impl: Implementation, state: dict[str, Any]) -> str:
+def evidence_text(store: Any, impl: Implementation, state: RunState) -> str:
     audit = store.get(impl.audit)
-    root = state.get("root_latencies", {})
-    limits = state.get("limits", {})
+    root, limits = state.root_latencies, state.limits
     checks = [c for s in audit.stages for c in s.get("checks", [])]
     failed = [c for c in checks if not c["passed"]]
     verdict = "passed" if audit.passed else f"FAILED {audit.failure_kind}"
@@ -98,7 +98,7 @@ def evidence_text(store: Any, impl: Implementation, state: dict[str, Any]) -> st
         ratio = f"{t / r:.3f}x root" if r else "root n/a"
         ok = "" if not r or lim is None else ("ok" if t <= lim * r else "OVER LIMIT")
         lines.append(f"- {name} ({m.get('phase', '?')}): {t:.4g} s, {ratio}, limit {lim}x {ok}".rstrip())
-    best, rootT = state.get("best_objective"), state.get("root_objective")
+    best, rootT = state.best_objective, state.root_objective
     if audit.objective is not None and best and rootT:
         lines.append(f"objective T = {audit.objective:.6g} (best {best:.6g}, root {rootT:.6g}); lower is better")
     return "\n".join(lines)
@@ -113,7 +113,7 @@ def ancestors(store: Any, impl: Implementation) -> list[Implementation]:
     return chain
 
 
-def lineage_text(store: Any, impl: Implementation, state: dict[str, Any], limit: int) -> str:
+def lineage_text(store: Any, impl: Implementation, state: RunState, limit: int) -> str:
     line_ids = {i.id for i in ancestors(store, impl)}
     acts = [a for a in store.all("A") if a.parents and a.parents[0] in line_ids]
     if not acts:

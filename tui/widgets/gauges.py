@@ -41,11 +41,11 @@ class RunGauges(Vertical):
 
     def show(self, view: RunView) -> None:
         st, cfg = view.state, view.config
-        budgets = st.get("budgets") or {}
-        kappa = st.get("kappa", 0) or 0
+        budgets = st.budgets
+        kappa = st.kappa
         self.query_one("#g-kappa", Gauge).set(kappa, cfg.kappa_threshold,
                                               f"{kappa} / {_n(cfg.kappa_threshold)} non-improving in a row")
-        evals = st.get("evaluations", 0) or 0
+        evals = st.evaluations
         self.query_one("#g-evals", Gauge).set(evals, cfg.max_evaluations, f"{evals} / {_n(cfg.max_evaluations)}")
         wall = budgets.get("wall_s", 0.0) or 0.0
         self.query_one("#g-wall", Gauge).set(wall, cfg.wall_time_s, f"{_dur(wall)} / {_dur(cfg.wall_time_s)}")
@@ -54,10 +54,10 @@ class RunGauges(Vertical):
         usd = budgets.get("usd", 0.0) or 0.0
         self.query_one("#g-usd", Gauge).set(usd, cfg.max_usd, f"${usd:.2f} / "
                                             + (f"${cfg.max_usd:.2f}" if cfg.max_usd else "—"))
-        fails = st.get("failures_by_kind") or {}
+        fails = st.failures_by_kind
         text = ", ".join(f"{k} {v}" for k, v in sorted(fails.items(), key=lambda kv: -kv[1])) or "none"
-        extra = f"   duplicates {st.get('duplicates', 0)}"
-        fin = st.get("finished")
+        extra = f"   duplicates {st.duplicates}"
+        fin = st.finished
         if fin:
             extra += f"\n[b]finished:[/b] {fin.get('reason', fin) if isinstance(fin, dict) else fin}"
         self.query_one("#failures", Static).update(f"[b]failures by kind:[/b] {text}{extra}")

@@ -47,7 +47,7 @@ class LineageTree(Tree[str]):
                 todo.append((cid, child))
         if self.cursor_node is None and self._by_id:  # so Enter works before the first arrow key
             # Node line numbers exist only after the tree has laid itself out.
-            self.call_after_refresh(self.select_impl, view.state.get("best") or next(iter(self._by_id)))
+            self.call_after_refresh(self.select_impl, view.state.best or next(iter(self._by_id)))
 
     def select_impl(self, impl_id: str) -> None:
         node = self._by_id.get(impl_id)
