@@ -76,6 +76,11 @@ class SearchConfig:
     # The opportunities seeded at initialization: `family` (the family's mechanisms, each a few knobs) or `flat`
     # (one opportunity naming every knob: plain sampling over the whole space, the baseline the engine must beat).
     space: str = "family"
+    # Proposals that cross valleys; each is an arm of `tik-evo bench search`, off until measured there.
+    stepping_stones: bool = False  # an over-limit offspring better on T than the best stays a parent (never promoted)
+    constraints: bool = False  # limit overshoots told to the sampler as constraints (Optuna), not as a poor value
+    multivariate: bool = False  # TPE models the knobs jointly, split into groups by the conditional space
+    warm_start: list[str] = field(default_factory=list)  # named sets / earlier run dirs: their knobs tried first
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from tik_evo import lineage
+from tik_evo import lineage, warm_start
 from tik_evo.audit import AuditJob, audit_slots, run_audit, static_scan
 from tik_evo.config import ConfigError, start_label, to_yaml
 from tik_evo.family import Family, OpportunitySpec
@@ -181,11 +181,18 @@ def initialize(store: Store, cfg: DictConfig, family: Family, workloads: list[di
         txn.put(audit)
         lineage.set_root(txn, Implementation(iid, h, [], "root", "pending", audit=uid, created=time.time(),
                                              knobs=knobs_or_none(source), objective=t_root))
-        for spec in seeded_opportunities(family, cfg.search.space):
+        specs = seeded_opportunities(family, cfg.search.space)
+        for spec in specs:
             oid = txn.new_id("O")
             txn.put(Opportunity(oid, spec.kind, spec.mechanism, list(spec.paths), list(spec.knobs),
                                 list(spec.workloads), origin="family", repeatable=bool(spec.knobs),
                                 values=dict(spec.values), evidence=[uid], created=time.time()))
+            st.pending_opportunities.append(oid)
+        seeds = warm_start.points(list(cfg.search.warm_start), family, cfg.source_file or "campaign")
+        for f in warm_start.opportunities(seeds, read_knobs(source), specs[0].kind if specs else "knob"):
+            oid = txn.new_id("O")
+            txn.put(Opportunity(oid, f["kind"], f["mechanism"], ["full", "decode"], f["knobs"], origin=f["origin"],
+                                values=f["values"], evidence=[uid], created=time.time()))
             st.pending_opportunities.append(oid)
         st.budgets["wall_s"] += time.time() - t0
         if device == "cuda":

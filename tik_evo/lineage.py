@@ -185,6 +185,11 @@ def _merge_later(txn: Txn, child_id: str, parent_id: str, verdict: Verdict, audi
                 [audit_id, parent.audit])
 
 
+def _stepping_stone(verdict: Verdict, cfg: DictConfig) -> bool:
+    return bool(cfg.search.stepping_stones and cfg.ablation.lineage_management and verdict.objective is not None
+                and verdict.best_objective and verdict.objective < verdict.best_objective)
+
+
 def apply(txn: Txn, child_id: str, parent_id: str, verdict: Verdict, audit_id: str, cfg: DictConfig,
           failed: bool, failure: str) -> None:
     """Record the lineage decisions for one audited offspring and update the frontier, archive and κ."""
@@ -199,6 +204,12 @@ def apply(txn: Txn, child_id: str, parent_id: str, verdict: Verdict, audit_id: s
         _set_status(txn, child_id, BEST)
         st.best, st.best_objective = child_id, verdict.objective
         _decide(txn, child_id, "promote", verdict.reason, [audit_id])
+    elif not verdict.admissible and _stepping_stone(verdict, cfg):
+        # Over a limit but better on T: never the best, yet a parent, so the change that brings the slow workload
+        # back within its limit is one step away (a valley the best alone cannot cross in one move).
+        _set_status(txn, child_id, ACTIVE)
+        _decide(txn, child_id, "continue", f"stepping stone: T {verdict.objective:.6g} below the best's "
+                f"{verdict.best_objective:.6g} but {verdict.reason}; a parent, never promoted", [audit_id])
     elif not verdict.admissible:
         # Correct but over a slowdown limit: not a parent now, yet a later change may fix the slow workload.
         _set_status(txn, child_id, ARCHIVED)

@@ -35,6 +35,7 @@ class Pending:
     in_flight: bool = False
     reserved: str | None = None  # the implementation id reserved for a concurrent audit
     job: AuditJob | None = None
+    overshoot: float | None = None  # the audited offspring's worst time over a slowdown limit (fraction)
 
 
 class Search:
@@ -55,10 +56,13 @@ class Search:
     def _recover(self) -> None:
         """Tell the study what the IR recorded for trials a killed run left open (failed if nothing)."""
         outcome: dict[int, float | None] = {}
+        overshoot: dict[int, float] = {}
         for a in self.store.all("A"):
             if a.trial is not None:
                 outcome[a.trial] = a.params.get("_trial_value")
-        self.scheduler.recover(outcome)
+                if self.cfg.search.constraints and a.params.get("_overshoot") is not None:
+                    overshoot[a.trial] = a.params["_overshoot"]
+        self.scheduler.recover(outcome, overshoot)
 
     # -- stopping ------------------------------------------------------------------------------------------
     def stop_reason(self, st: RunState, in_flight: int = 0) -> str | None:
@@ -217,7 +221,8 @@ class Search:
             value = self._record(txn, pending, outcome)
             txn.state.budgets["wall_s"] += wall_s
             self._flush_overhead(txn)
-        self.scheduler.tell(pending.choice.trial.number, value)
+        self.scheduler.tell(pending.choice.trial.number, value,
+                            overshoot=pending.overshoot if self.cfg.search.constraints else None)
         self.on_step({"phase": "done", "state": self.store.state()})
 
     def _record(self, txn: Txn, pending: Pending, outcome: AuditOutcome | None) -> float | None:
@@ -250,10 +255,13 @@ class Search:
             proposal.follow_ups += self.actor.after_audit(choice, proposal, verdict)
         self._use_opportunity(txn, choice.opportunity, proposal, audit.id)
         value = None if failed else trial_value(verdict.objective, verdict.best_objective)
-        if value is not None and not verdict.admissible:
-            # Tell the sampler an over-limit offspring is worse than no change, by how far it overshot.
-            excess = max(x["ratio_vs_root"] / x["limit"] - 1 for x in verdict.limits.values())
-            value = min(value, 0.0) - excess
+        if value is not None and verdict.limits:
+            pending.overshoot = max(x["ratio_vs_root"] / x["limit"] - 1 for x in verdict.limits.values())
+            action.params["_overshoot"] = pending.overshoot
+        if value is not None and not verdict.admissible and not self.cfg.search.constraints:
+            # Tell the sampler an over-limit offspring is worse than no change, by how far it overshot (with
+            # search.constraints it is told its own value and flagged infeasible by the overshoot instead).
+            value = min(value, 0.0) - pending.overshoot
         action.params["_trial_value"] = value
         txn.put(action)
         txn.event("audit", f"{iid} ({choice.operator}, {proposal.scope}): "
@@ -270,7 +278,7 @@ class Search:
         if pending.in_flight:  # its implementation is not recorded yet (nor ever, if the run is killed now)
             action.offspring, action.error = None, f"repeats the source being audited now as {existing}"
         # A repeat of a source still in flight has no objective yet: told as failed, like an operator error.
-        value = self._value_of(txn, same) if same and not pending.in_flight else None
+        value = self._value_of(txn, same, pending) if same and not pending.in_flight else None
         action.params["_trial_value"] = value
         txn.put(action)
         st.duplicates += 1
@@ -280,9 +288,20 @@ class Search:
         txn.event("action", f"{action.id} {action.operator}: {action.outcome} {proposal.error[:120]}".rstrip())
         return value
 
-    def _value_of(self, txn: Txn, impl_id: str) -> float | None:
+    def _value_of(self, txn: Txn, impl_id: str, pending: Pending) -> float | None:
+        """The value of a proposal that repeats ``impl_id``: that implementation's, told as its own audit was (an
+        over-limit one penalised, or flagged by its overshoot under search.constraints)."""
         impl = txn.get(impl_id)
-        return trial_value(impl.objective, txn.state.best_objective) if impl and impl.objective else None
+        if not impl or not impl.objective:
+            return None
+        value = trial_value(impl.objective, txn.state.best_objective)
+        audit = txn.get(impl.audit) if impl.audit else None
+        limits = audit.limits if audit else {}
+        if limits:
+            pending.overshoot = max(x["ratio_vs_root"] / x["limit"] - 1 for x in limits.values())
+            if pending.overshoot > 0 and not self.cfg.search.constraints:
+                value = min(value, 0.0) - pending.overshoot
+        return value
 
     def _use_opportunity(self, txn: Txn, opp: Opportunity | None, proposal: Proposal, audit_id: str) -> None:
         st = txn.state

@@ -40,7 +40,7 @@ class Opportunity:
     knobs: list[str] = field(default_factory=list)
     workloads: list[str] = field(default_factory=list)
     status: str = "pending"  # pending | consumed | withdrawn
-    origin: str = "family"  # family | action:<id> | audit:<id> | split:<audit id>
+    origin: str = "family"  # family | action:<id> | audit:<id> | split:<audit id> | seed:<warm-start point>
     repeatable: bool = False  # knob opportunities stay pending: each value is a new try
     values: dict[str, Any] = field(default_factory=dict)  # exact knob values to try (bundle splits)
     evidence: list[str] = field(default_factory=list)

@@ -6,6 +6,7 @@ told as failed.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import optuna
@@ -15,12 +16,21 @@ from tik_evo.records import Opportunity
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
+# Opportunities handed out before any other, once each: split bundles and warm-start points (search.warm_start).
+ONE_SHOT = ("split:", "seed:")
 
-def make_sampler(name: str, seed: int, concurrent: bool = False) -> optuna.samplers.BaseSampler:
+
+def make_sampler(name: str, seed: int, concurrent: bool = False, multivariate: bool = False
+                 ) -> optuna.samplers.BaseSampler:
+    """``multivariate``: TPE models the parameters jointly, grouped by which trials draw them together (the knobs
+    of one opportunity, the knobs a condition brings into effect)."""
     if name == "tpe":
         # With audits in flight, TPE counts their trials as poor until told (constant liar), so concurrent
         # asks spread out instead of repeating the same choice.
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, constant_liar=concurrent)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # multivariate, group
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=6, constant_liar=concurrent,
+                                              multivariate=multivariate, group=multivariate)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
@@ -39,7 +49,8 @@ class Scheduler:
             optuna.storages.journal.JournalFileBackend(str(run_dir / "study.journal")))
         self.study = optuna.create_study(study_name="search", storage=storage, direction="maximize",
                                          sampler=make_sampler(cfg.search.sampler, cfg.search.seed,
-                                                             len(cfg.evaluate.gpus) > 1 or cfg.evaluate.parallel > 1),
+                                                             len(cfg.evaluate.gpus) > 1 or cfg.evaluate.parallel > 1,
+                                                             cfg.search.multivariate),
                                          load_if_exists=True)
 
     def ask(self) -> optuna.Trial:
@@ -58,7 +69,7 @@ class Scheduler:
         # as faster, and the kind that produced them was just told a poor (over-limit) value. A queued one-knob
         # move (it names its parent) keeps its own opportunity: a split would fix another knob in its place.
         named = trial.user_attrs.get("parent")
-        splits = [o for o in pending if o.origin.startswith("split:") and o.kind in self.kinds[op]]
+        splits = [o for o in pending if o.origin.startswith(ONE_SHOT) and o.kind in self.kinds[op]]
         if named:
             pending = [o for o in pending if o not in splits] or pending
             splits = []
@@ -84,12 +95,21 @@ class Scheduler:
     def _matches(opportunity: Opportunity, kind: str) -> bool:
         # A split bundle keeps its family kind (the space stays static), and comes first among that kind's
         # candidates because it has never been used.
-        split = opportunity.origin.startswith("split:")
+        split = opportunity.origin.startswith(ONE_SHOT)
         if kind == "follow-up":
             return opportunity.origin != "family" and not split
         return (opportunity.origin == "family" or split) and opportunity.kind == kind
 
-    def tell(self, trial_number: int, value: float | None, note: str = "") -> None:
+    def tell(self, trial_number: int, value: float | None, note: str = "", overshoot: float | None = None) -> None:
+        """``overshoot``: the offspring's worst time over a slowdown limit, as a fraction (<= 0 within every
+        limit), set as the trial's constraint before its value: TPE then ranks infeasible trials after every
+        feasible one, by how far they overshot (search.constraints)."""
+        if overshoot is not None:
+            try:
+                trial = optuna.trial.Trial(self.study, self.study.trials[trial_number]._trial_id)
+                trial.set_constraint("overshoot", overshoot)
+            except (RuntimeError, ValueError, IndexError):
+                pass  # already finished (a resumed run re-telling it)
         try:
             if value is None:
                 self.study.tell(trial_number, state=optuna.trial.TrialState.FAIL)
@@ -98,16 +118,20 @@ class Scheduler:
         except (ValueError, RuntimeError):
             pass  # already told (a resumed run re-telling a finished trial)
         if note:
-            try:
-                self.study._storage.set_trial_user_attr(self.study.trials[trial_number]._trial_id, "note", note)
-            except Exception:
-                pass
+            self._set_attr(trial_number, "note", note)
 
-    def recover(self, outcome_of: dict[int, float | None]) -> int:
+    def _set_attr(self, trial_number: int, key: str, value) -> None:
+        try:
+            self.study._storage.set_trial_user_attr(self.study.trials[trial_number]._trial_id, key, value)
+        except Exception:
+            pass  # a finished trial's attributes are frozen (a resumed run re-telling it)
+
+    def recover(self, outcome_of: dict[int, float | None], overshoot_of: dict[int, float] | None = None) -> int:
         """After a kill: tell every still-running trial what the IR recorded for it (failed if nothing)."""
         n = 0
         for t in self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            self.tell(t.number, outcome_of.get(t.number), note="" if t.number in outcome_of else "interrupted")
+            self.tell(t.number, outcome_of.get(t.number), note="" if t.number in outcome_of else "interrupted",
+                      overshoot=(overshoot_of or {}).get(t.number))
             n += 1
         return n
 

@@ -29,7 +29,13 @@ ARMS: dict[str, list[str]] = {
     "engine": [],
     "tpe": ["search.sampler=tpe", *BASELINE],
     "random": ["search.sampler=random", *BASELINE],
+    # the engine with one proposal option on, then all of them: each option is kept only if it measures better
+    "stones": ["search.stepping_stones=true"],
+    "constraints": ["search.constraints=true"],
+    "multivariate": ["search.multivariate=true"],
+    "valleys": ["search.stepping_stones=true", "search.constraints=true", "search.multivariate=true"],
 }
+DEFAULT_ARMS = ("engine", "tpe", "random")
 
 
 def _cli(args: list[str], log) -> int:
@@ -215,7 +221,7 @@ def cli(argv: list[str]) -> int:
     p.add_argument("overrides", nargs="*", help="dotted overrides for every run, e.g. search.max_evaluations=40")
     p.add_argument("--reference", default=None, help="the named knob set of the family to close the gap to")
     p.add_argument("--reference-file", default=None, help="a kernel file to close the gap to instead")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"comma-separated, of {', '.join(ARMS)}")
     p.add_argument("--seeds", default="0", help="comma-separated search seeds, e.g. 0,1,2")
     p.add_argument("--out", default="runs/search-bench", help="where the reference, runs and summary go")
     a = p.parse_intermixed_args(argv)  # overrides may come before or after the options

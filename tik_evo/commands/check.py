@@ -35,6 +35,7 @@ def check_family(family) -> list[str]:
                                 f"is not among the knob's values {list(k.values)}")
     except KnobsError as e:
         problems.append(f"kernels/{family.name}/root.py: {e}")
+    problems += [f"kernels/{family.name}: {p}" for p in family.condition_problems()]
     names = {k.name for k in family.knobs}
     for o in family.opportunities():
         for k in o.knobs:
@@ -52,12 +53,14 @@ def check_family(family) -> list[str]:
 def check_campaign(cfg):
     """(family, workloads, the start's knob changes, the family's problems): everything that can be checked
     before a run directory exists. Bad workloads or start changes raise ConfigError."""
+    from tik_evo import warm_start
     from tik_evo.initialization import start_changes
     from tik_evo.workloads import resolve_workloads
 
     family = family_of(cfg)
     workloads = resolve_workloads(cfg, family)
     start = start_changes(cfg, family)
+    warm_start.points(list(cfg.search.warm_start), family, cfg.source_file or "campaign")
     return family, workloads, start, check_family(family)
 
 
