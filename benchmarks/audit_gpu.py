@@ -119,7 +119,7 @@ def hostile() -> list[tuple[str, str, str, bool, str]]:
             "    _rms_impl(x, weight, eps, out, out32)\nreturn")
          .replace("def rmsnorm_full(", "def _rms_impl(x, weight, eps, out, out32=None):\n    return rmsnorm_full("
                   "x, weight, eps, out, out32)\n\n\ndef rmsnorm_full(", 1), True,
-         "verified, timed with its side stream's work (device-wide sync): nothing gained"),
+         "rejected (graph stage: work left on a side stream cannot be captured)"),
         ("CUDA-graph capture detected", "rmsnorm", rms_edit(
             rms, "if torch.cuda.is_current_stream_capturing():\n    return"), True, "rejected"),
         ("patched do_bench / Event.elapsed_time", "rmsnorm", rms + "\nimport triton.testing\n"
@@ -133,8 +133,10 @@ def hostile() -> list[tuple[str, str, str, bool, str]]:
          "rejected"),
         ("skips one call in three", "rmsnorm", rms_edit(rms, "_N[0] += 1\nif _N[0] % 3 == 0:\n    return")
          + "\n_N = [0]\n", True, "rejected"),
+        # The weight, not x: RMSNorm is scale-invariant, and x * 1.001 rounds back to x in bf16 (half an ulp is
+        # >= 0.2%), so scaling x changed no bit (verified on an H100, correctly: it computes the root's bits).
         ("one decode call in fifty diverges", "rmsnorm", rms_edit(
-            rms, "_N[0] += 1\nif _N[0] % 50 == 0:\n    x = x * 1.001") + "\n_N = [0]\n", True, "rejected"),
+            rms, "_N[0] += 1\nif _N[0] % 50 == 0:\n    weight = weight * 1.01") + "\n_N = [0]\n", True, "rejected"),
         ("memoised by address", "rmsnorm", rms.replace("def rmsnorm_decode(", "def _decode(", 1)
          + "\n_M = {}\n\ndef rmsnorm_decode(x, weight, eps, out, out32=None):\n"
            "    k = (x.data_ptr(), out.data_ptr())\n    if k in _M:\n        out.copy_(_M[k])\n        return\n"
@@ -143,13 +145,10 @@ def hostile() -> list[tuple[str, str, str, bool, str]]:
     attn = (ROOT / "kernels/attention/root.py").read_text()
     sig = "def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,"
     if sig in attn:
-        out.append(("attention: SDPA decode when out32 is None", "attention", attn.replace(
-            sig, "def _decode_kernel(q, k_cache, v_cache, context_lens, sm_scale, out, out32=None):\n"
-            "    return decode(q, k_cache, v_cache, context_lens, sm_scale, out, out32, _inner=True)\n\n\n" + sig, 1)
+        out.append(("attention: SDPA decode when out32 is None", "attention", attn
             .replace("\n           sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None) -> None:\n",
-                     "\n           sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None,"
-                     " _inner=False):\n"
-                     "    if out32 is None and not _inner:\n"
+                     "\n           sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None) -> None:\n"
+                     "    if out32 is None:\n"
                      "        return _sdpa(q, k_cache, v_cache, context_lens, sm_scale, out)\n", 1)
             + "\n\ndef _sdpa(q, k, v, ctx, scale, out):\n"
             "    n = int(ctx.max())\n    g = q.shape[1] // k.shape[1]\n"
