@@ -68,11 +68,11 @@ def test_tried_moves_counts_single_knob_actions_only():
 def test_run_tries_one_knob_moves_first_and_each_once(tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={run}",
-                 "search.max_evaluations=8", "search.kappa_threshold=30", "--quiet"]) == 0
+                 "search.max_evaluations=5", "search.kappa_threshold=30", "--quiet"]) == 0  # 5 moves show the order
     with Store.open_reader(run) as s:
         actions = sorted(s.all("A"), key=lambda a: int(a.id[1:]))
         changes = [{k: v for k, v in a.params.items() if not k.startswith("_")} for a in actions]
-        assert len(actions) >= 8 and all(len(c) == 1 for c in changes), changes
+        assert len(actions) >= 5 and all(len(c) == 1 for c in changes), changes
         pairs = [next(iter(c.items())) for c in changes]
         assert len(set(pairs)) == len(pairs)  # each (knob, value) once, whichever best it started from
         # Every move starts from the best of its moment: I0 until something is promoted.
@@ -88,7 +88,7 @@ def test_run_tries_one_knob_moves_first_and_each_once(tmp_path, capsys):
 
     off = tmp_path / "off"
     assert main(["run", str(ROOT / "campaigns" / "quickstart.yaml"), f"store.path={off}", "search.neighbours=0",
-                 "search.max_evaluations=3", "--quiet"]) == 0
+                 "search.max_evaluations=2", "--quiet"]) == 0
     with Store.open_reader(off) as s:
         assert not any("one-knob moves" in e["text"] for e in s.events())
 
