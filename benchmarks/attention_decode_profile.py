@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> None:
         sys.modules["tik_evo"] = pkg
     import torch
 
-    from kernels.attention.bench import HKV, HQ, D, load_variant
+    from tik_evo_kernels.attention.bench import HKV, HQ, D, load_variant
 
     table = json.loads(Path(args.variants_json).read_text())
     tmp = Path(tempfile.mkdtemp(prefix="attention_profile_"))

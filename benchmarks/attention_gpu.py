@@ -17,7 +17,7 @@ except ImportError:  # the engine package needs more than this machine has: load
     pkg.__path__ = [str(ROOT / "tik_evo")]
     sys.modules["tik_evo"] = pkg
 
-from kernels.attention.bench import main
+from tik_evo_kernels.attention.bench import main
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

@@ -36,9 +36,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
-from kernels.attention.bench import VARIANTS, load_variant  # noqa: E402
-from kernels.attention.bench import eager_us as host_us  # noqa: E402  (calls back to back, one sync)
 from tik_evo.timing import graph_replay_us  # noqa: E402
+from tik_evo_kernels.attention.bench import VARIANTS, load_variant  # noqa: E402
+from tik_evo_kernels.attention.bench import eager_us as host_us  # noqa: E402  (calls back to back, one sync)
 
 HQ, HKV, D = 32, 8, 128
 

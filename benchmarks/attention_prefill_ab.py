@@ -28,7 +28,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from kernels.attention import bench  # noqa: E402
+import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+from tik_evo_kernels.attention import bench  # noqa: E402
 
 
 def _call_ms(fn) -> float:

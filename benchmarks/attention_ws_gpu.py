@@ -25,8 +25,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from kernels.attention import bench  # noqa: E402
-from kernels.attention.family import AttentionFamily  # noqa: E402
+import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+from tik_evo_kernels.attention import bench  # noqa: E402
+from tik_evo_kernels.attention.family import AttentionFamily  # noqa: E402
 
 FAMILY = AttentionFamily()
 # Consistency cases of whole 128-row tiles: GQA 4 and 8, MHA, head dims 64 and 128, three input scales.

@@ -8,7 +8,8 @@ import torch
 import triton
 
 sys.path.insert(0, ".")
-import kernels.attention.root as r
+import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+import tik_evo_kernels.attention.root as r
 
 
 def diff(a, b, view):

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 import triton
 
-from kernels.decoder import roots
+import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+from tik_evo_kernels.decoder import roots
 
 
 def large_rows(rows: int = 16384, vocab: int = 151936, k: int = 256) -> dict:
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
               "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
               "families": {}}
     for name in names:
-        fam = importlib.import_module(f"kernels.{name}").FAMILY
+        fam = importlib.import_module(f"tik_evo_kernels.{name}").FAMILY
         t0, n, failed = time.time(), 0, []
         for case in fam.check_cases("full"):
             for seed in range(args.seeds):

@@ -34,7 +34,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import kernels.linear.root as root  # noqa: E402
+import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+import tik_evo_kernels.linear.root as root  # noqa: E402
 
 # (name, N, K, rows): y [rows, N] = x [rows, K] @ W^T
 SHAPES = [

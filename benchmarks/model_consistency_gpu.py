@@ -23,10 +23,11 @@ from types import SimpleNamespace
 import torch
 import triton
 
-from kernels.decoder import FAMILIES, Shape, TinyDecoder
-from kernels.files import add_arguments, impls_from_args
-from kernels.moe_decoder import FAMILIES as MOE_FAMILIES
-from kernels.moe_decoder import MoEDecoder, MoEShape
+import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+from tik_evo_kernels.decoder import FAMILIES, Shape, TinyDecoder
+from tik_evo_kernels.files import add_arguments, impls_from_args
+from tik_evo_kernels.moe_decoder import FAMILIES as MOE_FAMILIES
+from tik_evo_kernels.moe_decoder import MoEDecoder, MoEShape
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_peers import linear_grouped as cublas_grouped  # noqa: E402

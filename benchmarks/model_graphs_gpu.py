@@ -24,9 +24,9 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_consistency_gpu import MOE_ANSWERS, MOE_PROMPTS  # noqa: E402
 
-from kernels.files import add_arguments, impls_from_args  # noqa: E402
-from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 from tik_evo.graph_replay import capture_one, tallied  # noqa: E402
+from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
+from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 
 WIDTHS = {  # four layers at the widths of the models named
     "qwen3-4b.dense": dict(vocab=151936, hidden=2560, layers=4, q_heads=32, kv_heads=8, head_dim=128, experts=0,

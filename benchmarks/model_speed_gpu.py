@@ -26,10 +26,10 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model_peers import torch_impls  # noqa: E402
 
-from kernels.decoder import roots  # noqa: E402
-from kernels.files import add_arguments, impls_from_args  # noqa: E402
-from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 from tik_evo import launch  # noqa: E402
+from tik_evo_kernels.decoder import roots  # noqa: E402
+from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
+from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 
 CONFIGS = {
     # Qwen3-4B widths (dense), four layers; four sequences of 2048 tokens, the last 1024 of each scored.

@@ -32,8 +32,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels import norm_backward as nb  # noqa: E402
 from tik_evo import checks  # noqa: E402
+from tik_evo_kernels import norm_backward as nb  # noqa: E402
 
 T = 8192
 # name -> (rows, width, with the residual output's gradient)

@@ -36,7 +36,7 @@ FAMILIES = tuple(f for fams in SUITES.values() for f in fams)
 def extra_implementations(best: list[str], kernels: list[str], tmp: Path) -> dict[str, dict[str, str]]:
     """{family: {label: path}} of the implementations to time beside the roots (kernels/files.py reads and checks
     them); several per family get distinct labels."""
-    from kernels.files import kernel_sources
+    from tik_evo_kernels.files import kernel_sources
 
     extras: dict[str, dict[str, str]] = {}
     for k in kernel_sources(best, kernels, FAMILIES, "attention: `tik-evo bench attention --best / --kernel`"):
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU interpreter run of the suites at tiny sizes (the code paths, no measurement)")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from kernels.files import KernelArgError, add_arguments
+    from tik_evo_kernels.files import KernelArgError, add_arguments
 
     add_arguments(ap, "checked and timed beside the root")
     args = ap.parse_args(argv)

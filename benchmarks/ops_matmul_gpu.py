@@ -86,7 +86,8 @@ def load(family: str, knobs: dict | KernelFile | None = None):
         if from_file:
             src = Path(knobs.path).read_text()
         else:
-            importlib.import_module(f"kernels.{family}").FAMILY.check_knobs(knobs or {}, f"{family} variant {knobs}")
+            fam = importlib.import_module(f"tik_evo_kernels.{family}").FAMILY
+            fam.check_knobs(knobs or {}, f"{family} variant {knobs}")
             src = (ROOT / "kernels" / family / "root.py").read_text()
             if knobs:
                 src = write_knobs(src, {**read_knobs(src), **knobs})

@@ -163,8 +163,8 @@ def sweep(families, out_dir: Path) -> dict:
         if family not in SWEEP:
             continue
         names, variants = SWEEP[family]
-        fam = importlib.import_module(f"kernels.{family}").FAMILY
-        fam_mod = importlib.import_module(f"kernels.{family}.family")
+        fam = importlib.import_module(f"tik_evo_kernels.{family}").FAMILY
+        fam_mod = importlib.import_module(f"tik_evo_kernels.{family}.family")
         wl = {w["name"]: w for w in yaml.safe_load((ROOT / "workloads" / f"{family}{WORKLOADS}.yaml").read_text())
               ["workloads"]}
         rows = []
@@ -503,8 +503,8 @@ def load_extras(family: str, fam, extras: dict[str, str], res: dict) -> dict:
 
 def bench_family(family: str, liger, all_workloads: bool, changes: dict | None = None,
                  extras: dict[str, str] | None = None) -> dict:
-    fam = importlib.import_module(f"kernels.{family}").FAMILY
-    fam_mod = importlib.import_module(f"kernels.{family}.family")
+    fam = importlib.import_module(f"tik_evo_kernels.{family}").FAMILY
+    fam_mod = importlib.import_module(f"tik_evo_kernels.{family}.family")
     impl = load_variant(family, changes) if changes else load_root(family)
     res: dict = {"knobs": dict(impl.KNOBS)}
     t0 = time.time()

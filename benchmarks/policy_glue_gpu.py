@@ -35,10 +35,10 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kernels.attention import root as attention  # noqa: E402
-from kernels.embedding_backward import embedding_backward  # noqa: E402
-from kernels.moe_combine import combine, combine_backward  # noqa: E402
 from tik_evo.checks import rel_l2  # noqa: E402
+from tik_evo_kernels.attention import root as attention  # noqa: E402
+from tik_evo_kernels.embedding_backward import embedding_backward  # noqa: E402
+from tik_evo_kernels.moe_combine import combine, combine_backward  # noqa: E402
 
 SHAPES = {"tokens": 8192, "top_k": 8, "hidden": 2048, "vocab": 151936, "embed_hidden": 2560,
           "seq_lens": [2048] * 4, "q_heads": 32, "kv_heads": 4, "head_dim": 128}
@@ -164,7 +164,7 @@ def packed_attention(shapes: dict, g: torch.Generator, device: str, cell, out: d
     cell("attention.fwd.packed", packed, lambda: [packed()], [ref])
     cell("attention.fwd.per_sequence", per_sequence, lambda: [per_sequence()], [ref])
     if device == "cuda":  # the packed flash kernel a trainer would call (torch's varlen API, where it has one)
-        from kernels.attention.autograd import varlen_flash
+        from tik_evo_kernels.attention.autograd import varlen_flash
 
         def varlen():
             return varlen_flash(q, k, v, cu, max(lens), scale)
@@ -180,7 +180,7 @@ def packed_attention_backward(q, k, v, bounds: list[int], scale: float, g: torch
     """The packed attention's backward (recompute included) as the policy step runs it: torch's varlen flash
     (GPU) against SDPA per sequence on heads-first copies, gradients against fp32 SDPA per sequence; on a GPU
     each is timed ROUNDS times, alternating, and keeps the median."""
-    from kernels.attention import autograd as attn_grad
+    from tik_evo_kernels.attention import autograd as attn_grad
 
     gy = torch.randn(q.shape, generator=g, device=device).to(torch.bfloat16)
     ref = attn_grad._per_sequence_grads(q.float(), k.float(), v.float(), bounds, scale, gy.float())

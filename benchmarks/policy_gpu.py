@@ -38,12 +38,12 @@ import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels.attention import autograd as attention_autograd  # noqa: E402
-from kernels.attention.autograd import packed_backward_path  # noqa: E402
-from kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
-from kernels.files import add_arguments, impls_from_args  # noqa: E402
-from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 from tik_evo import checks  # noqa: E402
+from tik_evo_kernels.attention import autograd as attention_autograd  # noqa: E402
+from tik_evo_kernels.attention.autograd import packed_backward_path  # noqa: E402
+from tik_evo_kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
+from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
+from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # benchmarks/model_consistency_gpu.py's
 SHAPES = {
@@ -129,7 +129,7 @@ def step_times(m: MoEDecoder, seqs, prompts, reps: int, device: str, modes: list
     out = {label: {"ms": statistics.median(t) if t else None, "ms_all": t, "peak_extra_GB": peak.get(label)}
            for label, t in times.items()}
     if m.s.experts:  # the torch model's experts: one torch._grouped_mm per projection, or a loop of matmuls
-        from kernels.autograd import _grouped_mm_trains
+        from tik_evo_kernels.autograd import _grouped_mm_trains
 
         out["torch_experts"] = "torch._grouped_mm" if _grouped_mm_trains(torch.device(device)) else "per-expert matmuls"
     for i, mode in enumerate(modes):

@@ -61,8 +61,8 @@ def calls_for(cell: str, rowwise, liger, extras: dict[str, str] | None = None) -
         raise SystemExit(f"--cells {cell!r}: no workload {name!r} in {path.relative_to(ROOT)} "
                          f"(it has {', '.join(table)})")
     w = table[name]
-    fam = importlib.import_module(f"kernels.{family}").FAMILY
-    fam_mod = importlib.import_module(f"kernels.{family}.family")
+    fam = importlib.import_module(f"tik_evo_kernels.{family}").FAMILY
+    fam_mod = importlib.import_module(f"tik_evo_kernels.{family}.family")
     impl = rowwise.load_root(family)
     peers = rowwise.peer_set(family, w, liger, fam_mod, 123, impl)
     checked: dict = {}

@@ -9,7 +9,7 @@ router, torch's attention for the attention recompute (`kernels/attention/autogr
 linear layers, as a torch trainer does (`KernelOps(impls, matmul_backward="kernel")`: the linear kernel file's
 own backward). Backward need not be bit-exact.
 
-    ops = KernelOps(impls)                       # impls: {family: kernel module}, e.g. kernels.decoder.roots()
+    ops = KernelOps(impls)                       # impls: {family: kernel module}, e.g. tik_evo_kernels.decoder.roots()
     y = ops.linear(x, w)                         # bf16 [tokens, out], differentiable in x and w
 
 `TorchOps` has the same calls written in torch (fp32 arithmetic, bf16 in and out, the same expert choice
@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from kernels.attention.autograd import attention as _attention
-from kernels.attention.autograd import attention_packed as _attention_packed
-from kernels.embedding_backward import embedding_backward
-from kernels.moe_combine import combine, combine_backward
-from kernels.norm_backward import rms_backward
+from tik_evo_kernels.attention.autograd import attention as _attention
+from tik_evo_kernels.attention.autograd import attention_packed as _attention_packed
+from tik_evo_kernels.embedding_backward import embedding_backward
+from tik_evo_kernels.moe_combine import combine, combine_backward
+from tik_evo_kernels.norm_backward import rms_backward
 
 
 class _Call(torch.autograd.Function):
@@ -166,7 +166,7 @@ class KernelOps:
         return _apply("qk_rmsnorm", fwd, bwd, q, k, q_weight, k_weight)
 
     def rope(self, q, k, cos, sin, positions, inv_freq=None):
-        from kernels.rope.family import inv_freq_kwargs
+        from tik_evo_kernels.rope.family import inv_freq_kwargs
 
         rope = self.k["rope"]
 
@@ -211,7 +211,7 @@ class KernelOps:
                       lambda inputs, _, g: (combine(g, None, inputs[2]), None, None), x, src, pos)
 
     def moe_combine(self, rows, weights, pos):
-        """Each token's expert rows weighted and summed in slot order (`kernels.moe_combine.combine`),
+        """Each token's expert rows weighted and summed in slot order (`tik_evo_kernels.moe_combine.combine`),
         differentiable in the rows and the weights."""
         def bwd(inputs, _, gy):
             return (*combine_backward(*inputs, gy), None)

@@ -18,7 +18,7 @@ from types import ModuleType
 
 import torch
 
-from kernels.attention.autograd import prefill_packed
+from tik_evo_kernels.attention.autograd import prefill_packed
 
 FAMILIES = ("embedding", "rmsnorm", "linear", "rope", "attention", "silu_mul", "logprob")
 EPS = 1e-6
@@ -37,7 +37,7 @@ class Shape:
 
 
 def roots(families: tuple[str, ...] = FAMILIES) -> dict[str, ModuleType]:
-    return {f: importlib.import_module(f"kernels.{f}.root") for f in families}
+    return {f: importlib.import_module(f"tik_evo_kernels.{f}.root") for f in families}
 
 
 def with_sets(sets: dict[str, str], where: str = "decoder",
@@ -61,7 +61,7 @@ def with_sets(sets: dict[str, str], where: str = "decoder",
 def rope(model, path: str, q, k, positions, q_out, k_out) -> None:
     """The model's RoPE kernel on its cos/sin table, given the table's frequencies too where the entry point takes
     them (a kernel computing cos/sin itself, COS_SIN "sincos", needs them)."""
-    from kernels.rope.family import inv_freq_kwargs
+    from tik_evo_kernels.rope.family import inv_freq_kwargs
 
     kw = inv_freq_kwargs(getattr(model.k["rope"], f"rope_{path}"), model.inv_freq)
     model._op("rope", path, q, k, model.cos, model.sin, positions, q_out, k_out, **kw)
@@ -70,7 +70,7 @@ def rope(model, path: str, q, k, positions, q_out, k_out) -> None:
 class TinyDecoder:
     def __init__(self, shape: Shape, seed: int, device: str, impls: dict[str, ModuleType] | None = None,
                  temperature: float = 1.0):
-        from kernels.rope.family import inv_freq, rope_table
+        from tik_evo_kernels.rope.family import inv_freq, rope_table
 
         self.s, self.device = shape, device
         self.temperature = temperature  # the sampling temperature; the trainer must apply the same one

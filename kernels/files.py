@@ -73,7 +73,7 @@ def kernel_sources(best: list[str], kernels: list[str], families: tuple[str, ...
         found.append(KernelSource(f"--kernel {item}", family, _name(f"file_{Path(path).stem}"), source))
     for k in found:
         try:
-            importlib.import_module(f"kernels.{k.family}").FAMILY.check_knobs(read_knobs(k.source), "its KNOBS")
+            importlib.import_module(f"tik_evo_kernels.{k.family}").FAMILY.check_knobs(read_knobs(k.source), "its KNOBS")
         except ValueError as e:  # no KNOBS dict, or a knob outside the family's space (KnobsError is one too)
             raise KernelArgError(f"{k.arg}: {e}") from None
     return found
@@ -83,8 +83,8 @@ def model_impls(args: argparse.Namespace, families: tuple[str, ...],
                 impls: dict[str, ModuleType] | None = None) -> tuple[dict[str, ModuleType], dict[str, str]]:
     """A model's kernels: `impls` (default: the roots) with each family of `args.best` / `args.kernel` replaced by
     that file; and {family: argument} of the replacements. One file per family."""
-    from kernels.decoder import roots
     from tik_evo.candidate import load_source
+    from tik_evo_kernels.decoder import roots
 
     impls = dict(impls or roots(families))
     given: dict[str, str] = {}
@@ -100,7 +100,7 @@ def impls_from_args(args: argparse.Namespace, families: tuple[str, ...],
     """A model benchmark's kernels: the roots (attention as its named set `attention_set`, if given) with the files of
     --best / --kernel in place, and a record of the replacements ({family: {"from": argument, "knobs": ...}}) for
     its JSON. None, with the error printed, when an argument cannot be used (before any GPU is needed)."""
-    from kernels.decoder import with_sets
+    from tik_evo_kernels.decoder import with_sets
 
     try:
         impls = with_sets({"attention": attention_set}, "--attention-set", families) if attention_set else None

@@ -14,7 +14,7 @@ MoE combine (`kernels/moe_combine.py`): each token's slots weighted and summed i
 element, so the same for any batch.
 
 The policy update: `policy_logprobs` is `training_logprobs` with every family call made differentiable
-(`kernels.autograd`): the same kernels on the same arguments, so the same bits, and `backward()` gives the
+(`tik_evo_kernels.autograd`): the same kernels on the same arguments, so the same bits, and `backward()` gives the
 gradients of `parameters()`.
 """
 
@@ -27,9 +27,9 @@ from types import ModuleType, SimpleNamespace
 
 import torch
 
-from kernels.attention.autograd import prefill_packed
-from kernels.decoder import EPS, _heads_first, roots, rope
-from kernels.moe_combine import combine
+from tik_evo_kernels.attention.autograd import prefill_packed
+from tik_evo_kernels.decoder import EPS, _heads_first, roots, rope
+from tik_evo_kernels.moe_combine import combine
 
 FAMILIES = ("embedding", "rmsnorm", "add_rmsnorm", "qk_rmsnorm", "linear", "rope", "kv_append", "attention",
             "silu_mul", "moe_routing", "logprob")
@@ -54,7 +54,7 @@ class MoEShape:
 class MoEDecoder:
     def __init__(self, shape: MoEShape, seed: int, device: str, impls: dict[str, ModuleType] | None = None,
                  temperature: float = 1.0, grouped_experts: bool = True):
-        from kernels.rope.family import inv_freq, rope_table
+        from tik_evo_kernels.rope.family import inv_freq, rope_table
 
         if shape.experts and not 0 < shape.top_k <= shape.experts:
             raise ValueError(f"MoEShape: top_k {shape.top_k} must be in 1..experts ({shape.experts})")
@@ -273,9 +273,9 @@ class MoEDecoder:
 
     def policy_logprobs(self, seqs: list[torch.Tensor], prompt_lens: list[int], ops=None) -> list[torch.Tensor]:
         """training_logprobs, differentiable in the parameters (set requires_grad on `parameters()`): every family
-        call goes through `ops` (default `kernels.autograd.KernelOps` on this model's kernel files: the same
+        call goes through `ops` (default `tik_evo_kernels.autograd.KernelOps` on this model's kernel files: the same
         calls, so the same bits; `TorchOps` for a torch reference), and `backward()` gives the policy gradient."""
-        from kernels.autograd import KernelOps
+        from tik_evo_kernels.autograd import KernelOps
 
         self.ops = ops or KernelOps(self.k)
         try:

@@ -238,7 +238,7 @@ RUNNER_MODULES = ("tik_evo", "tik_evo.launch", "tik_evo.interp", "tik_evo.timing
 
 def _forget_the_judge() -> None:
     for name in list(sys.modules):
-        if (name.startswith(("tik_evo.", "kernels")) or name == "kernels") and name not in RUNNER_MODULES:
+        if name.startswith(("tik_evo.", "tik_evo_kernels")) and name not in RUNNER_MODULES:
             del sys.modules[name]
 
 

@@ -1,3 +1,3 @@
-from kernels.add_rmsnorm.family import AddRMSNormFamily
+from tik_evo_kernels.add_rmsnorm.family import AddRMSNormFamily
 
 FAMILY = AddRMSNormFamily()

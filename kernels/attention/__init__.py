@@ -1,3 +1,3 @@
-from kernels.attention.family import AttentionFamily
+from tik_evo_kernels.attention.family import AttentionFamily
 
 FAMILY = AttentionFamily()

@@ -30,11 +30,11 @@ from typing import Any
 
 import torch
 
-from kernels.attention.autograd import varlen_flash
-from kernels.attention.family import AttentionFamily
 from tik_evo import checks
 from tik_evo.knobs import read_knobs, write_knobs
 from tik_evo.timing import capture_graph, graph_replay_us, replay_us
+from tik_evo_kernels.attention.autograd import varlen_flash
+from tik_evo_kernels.attention.family import AttentionFamily
 
 FAMILY = AttentionFamily()
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from kernels.rmsnorm.family import draw_scale, odd
 from tik_evo import checks, interp
 from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 
 # The pre-cast fp32 output carries bf16 rounding of the probabilities in the PV dot; measured ~2e-3.
 FP32_TOL = 8e-3

@@ -1,3 +1,3 @@
-from kernels.embedding.family import EmbeddingFamily
+from tik_evo_kernels.embedding.family import EmbeddingFamily
 
 FAMILY = EmbeddingFamily()

@@ -1,3 +1,3 @@
-from kernels.kv_append.family import KVAppendFamily
+from tik_evo_kernels.kv_append.family import KVAppendFamily
 
 FAMILY = KVAppendFamily()

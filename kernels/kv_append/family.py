@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from kernels.rmsnorm.family import odd
 from tik_evo import checks, interp
 from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo_kernels.rmsnorm.family import odd
 
 
 def make_block_table(lengths: list[int], page_size: int, g: torch.Generator, spare: int = 3):

@@ -1,3 +1,3 @@
-from kernels.linear.family import LinearFamily
+from tik_evo_kernels.linear.family import LinearFamily
 
 FAMILY = LinearFamily()

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from kernels.rmsnorm.family import draw_scale, odd
 from tik_evo import checks, interp
 from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 
 FP32_TOL = 1e-5  # fp32 accumulation of exact bf16 products against fp64
 GRAD_TOL = 1.6e-2  # backward outputs are bf16

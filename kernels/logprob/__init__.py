@@ -1,3 +1,3 @@
-from kernels.logprob.family import LogprobFamily
+from tik_evo_kernels.logprob.family import LogprobFamily
 
 FAMILY = LogprobFamily()

@@ -1,3 +1,3 @@
-from kernels.moe_routing.family import MoERoutingFamily
+from tik_evo_kernels.moe_routing.family import MoERoutingFamily
 
 FAMILY = MoERoutingFamily()

@@ -1,3 +1,3 @@
-from kernels.qk_rmsnorm.family import QKRMSNormFamily
+from tik_evo_kernels.qk_rmsnorm.family import QKRMSNormFamily
 
 FAMILY = QKRMSNormFamily()

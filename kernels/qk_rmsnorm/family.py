@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from kernels.rmsnorm.family import SPREAD, draw_scale, spread_randn
 from tik_evo import checks, interp
 from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo_kernels.rmsnorm.family import SPREAD, draw_scale, spread_randn
 
 EPS = 1e-6
 

@@ -1,3 +1,3 @@
-from kernels.rmsnorm.family import RMSNormFamily
+from tik_evo_kernels.rmsnorm.family import RMSNormFamily
 
 FAMILY = RMSNormFamily()

@@ -1,3 +1,3 @@
-from kernels.rope.family import RoPEFamily
+from tik_evo_kernels.rope.family import RoPEFamily
 
 FAMILY = RoPEFamily()

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from kernels.rmsnorm.family import draw_scale, odd
 from tik_evo import checks, interp
 from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 
 _ROPE_PARAMS = ("q", "k", "cos", "sin", "positions", "q_out", "k_out", "q32", "k32", "inv_freq", "rows")
 

@@ -1,3 +1,3 @@
-from kernels.silu_mul.family import SiluMulFamily
+from tik_evo_kernels.silu_mul.family import SiluMulFamily
 
 FAMILY = SiluMulFamily()

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from kernels.rmsnorm.family import draw_scale, odd
 from tik_evo import checks, interp
 from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 
 
 def reference(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

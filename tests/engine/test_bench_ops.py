@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.rmsnorm import FAMILY as RMSNORM
 from tik_evo.cli import main
 from tik_evo.knobs import read_knobs, write_knobs
 from tik_evo.records import Implementation
 from tik_evo.store import Store, StoreError, best_of
+from tik_evo_kernels.rmsnorm import FAMILY as RMSNORM
 
 ROOT = Path(__file__).resolve().parents[2]
 

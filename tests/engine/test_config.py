@@ -1,3 +1,6 @@
+import os
+from pathlib import Path
+
 import pytest
 
 from tik_evo.config import ConfigError, load_campaign
@@ -89,28 +92,24 @@ def test_unknown_kernel_is_named(tmp_path):
     assert main(["check", str(write_campaign(tmp_path, kernel="warp_drive"))]) == 2
 
 
-def test_a_foreign_package_named_kernels_is_named_when_families_cannot_be_imported(monkeypatch, tmp_path):
-    # Another installed package may take the import name `kernels` (Hugging Face's, a dependency of transformers
-    # 5); without the editable install's finder the families are then not found, and the error says why.
-    import re
+def test_another_package_named_kernels_does_not_hide_the_families(tmp_path):
+    # Hugging Face's `kernels` (which transformers requires) takes the import name `kernels`; tik-evo's families
+    # are `tik_evo_kernels`, so both import in one process, from the repository root too.
+    import subprocess
     import sys
-    import types
 
-    from tik_evo import families
-
-    def package(folder):  # a stand-in for the package `kernels` found first, by where it lives
-        module = types.ModuleType("kernels")
-        module.__path__ = [str(folder)]
-        return module
-
-    def missing(name):
-        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-    monkeypatch.setattr(families, "importlib", types.SimpleNamespace(import_module=missing))
-    monkeypatch.setitem(sys.modules, "kernels", package(families.KERNELS_DIR))
-    with pytest.raises(families.FamilyError, match="No module named 'kernels.rmsnorm'"):
-        families.load_family("rmsnorm")  # tik-evo's own `kernels` is the one imported: the plain error
-    foreign = tmp_path / "site-packages" / "kernels"
-    monkeypatch.setitem(sys.modules, "kernels", package(foreign))
-    expected = f"imported here is {re.escape(str(foreign.resolve()))}, not tik-evo's .*another installed"
-    with pytest.raises(families.FamilyError, match=expected):
-        families.load_family("rmsnorm")
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("WHO = 'other'\n")
+    code = ("import kernels, tik_evo_kernels.rmsnorm as r; from tik_evo.families import load_family; "
+            "print(kernels.WHO, r.FAMILY is load_family('rmsnorm'))")
+    root = Path(__file__).resolve().parents[2]
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(site)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["other", "True"]
+    # Run from a checkout without the install (no site-packages, no install finder): the name is mapped by tik_evo.
+    code = "import tik_evo, tik_evo_kernels; print(*tik_evo_kernels.__path__)"
+    r = subprocess.run([sys.executable, "-S", "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.returncode == 0 and r.stdout.split() == [str(root / "kernels")], r.stderr[-2000:]

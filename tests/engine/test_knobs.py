@@ -38,7 +38,7 @@ def test_scope_follows_roles():
 
 
 def test_variant_knobs_outside_the_space_are_named():
-    from kernels.linear import FAMILY
+    from tik_evo_kernels.linear import FAMILY
 
     FAMILY.check_knobs({"FULL_PERSISTENT": "long_k", "DECODE_BLOCK_N": 0}, "ok")
     with pytest.raises(ValueError, match=r"variant 'p1': FULL_PERSISTENT=1 is not one of \['off', 'long_k', 'all'\]"):

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from kernels.rmsnorm import FAMILY
 from tik_evo.config import Campaign
 from tik_evo.knobs import read_knobs
 from tik_evo.lineage import Verdict
@@ -15,6 +14,7 @@ from tik_evo.operators.knob import KnobOperator
 from tik_evo.records import Implementation, Opportunity
 from tik_evo.scheduler import Scheduler
 from tik_evo.store import Store
+from tik_evo_kernels.rmsnorm import FAMILY
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 ROOT_SRC = (ROOT_DIR / "kernels" / "rmsnorm" / "root.py").read_text()

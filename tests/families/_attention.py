@@ -9,9 +9,9 @@ from types import ModuleType
 
 import pytest
 
-from kernels.attention import FAMILY
 from tik_evo import interp
 from tik_evo.knobs import read_knobs, write_knobs
+from tik_evo_kernels.attention import FAMILY
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = FAMILY.check_cases("small")[0]

@@ -77,7 +77,7 @@ def failures(family, impl, level="full", seeds=(0,), cases=None):
 
 
 def family(name: str):
-    return importlib.import_module(f"kernels.{name}").FAMILY
+    return importlib.import_module(f"tik_evo_kernels.{name}").FAMILY
 
 
 def loader(fam):

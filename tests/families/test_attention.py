@@ -23,9 +23,9 @@ from _attention import (
     with_knobs,
 )
 
-from kernels.attention import FAMILY
-from kernels.attention.family import reference
 from tik_evo.knobs import read_knobs
+from tik_evo_kernels.attention import FAMILY
+from tik_evo_kernels.attention.family import reference
 
 
 def test_knob_space_matches_root():
@@ -477,8 +477,8 @@ _CHEATS = {"kv_head_0": "kv = _kv_source(K, V, b * HKV,", "batch_item_0": "kv = 
 
 @pytest.mark.parametrize("cheat", sorted(_CHEATS))
 def test_prefill_verify_reads_every_batch_item_and_kv_group(cheat):
-    from kernels.attention.family import _prefill_inputs
     from tik_evo import checks
+    from tik_evo_kernels.attention.family import _prefill_inputs
 
     src = FAMILY.root_source()
     assert src.count(_PREFILL_KV) == 1
@@ -532,7 +532,7 @@ def test_grid_workloads_are_valid():
 def test_autograd_forward_is_the_kernels_and_gradients_match_the_reference(tmp_path):
     # The differentiable call: the forward is the kernel file's prefill, bit for bit; the gradients (SDPA's,
     # recomputed) agree with fp64 autograd of the reference on a GQA case with a length no block divides.
-    from kernels.attention.autograd import attention, load_kernel
+    from tik_evo_kernels.attention.autograd import attention, load_kernel
 
     path = tmp_path / "attention_kernel.py"
     path.write_text(with_knobs(FAMILY.root_source(), BLOCK_N=32, SPLIT_TOKENS=32, BLOCK_M=64))
@@ -559,7 +559,7 @@ def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_bac
     # GPU through torch's varlen flash attention in one call, and where that fails it warns once and uses SDPA
     # per sequence from then on. Here a packed SDPA with a block-diagonal causal mask stands in for the flash
     # kernel (the CPU has none): same gradients as the per-sequence path.
-    from kernels.attention import autograd as ag
+    from tik_evo_kernels.attention import autograd as ag
 
     impl = load(FAMILY.root_source())
     bounds, HQ, HKV, D = [0, 7, 30, 31], 4, 2, 64

@@ -13,11 +13,11 @@ from _attention import (
     with_knobs,
 )
 
-from kernels.attention import FAMILY
+from tik_evo_kernels.attention import FAMILY
 
 
 def test_bench_needs_a_gpu(capsys):
-    from kernels.attention import bench
+    from tik_evo_kernels.attention import bench
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
@@ -27,7 +27,7 @@ def test_bench_needs_a_gpu(capsys):
 def test_bench_names_a_kernel_file_it_cannot_use(tmp_path, capsys):
     # Checked before anything runs (and before the GPU check): a missing file, a file without KNOBS, a knob
     # outside the family's space.
-    from kernels.attention import bench
+    from tik_evo_kernels.attention import bench
 
     bad_knob = tmp_path / "bad_knob.py"
     bad_knob.write_text(with_knobs(FAMILY.root_source(), BLOCK_N=128).replace('"BLOCK_N": 128', '"BLOCK_N": 96'))
@@ -41,7 +41,7 @@ def test_bench_names_a_kernel_file_it_cannot_use(tmp_path, capsys):
 
 
 def test_bench_grid_and_geomeans():
-    from kernels.attention.bench import geomeans, grid_cells
+    from tik_evo_kernels.attention.bench import geomeans, grid_cells
 
     decode, prefill = grid_cells()
     assert len(decode) == 16 and len(prefill) == 32  # the paper grid: 16 decode, 16 prefill, 16 train_forward
@@ -60,7 +60,7 @@ def test_bench_grid_and_geomeans():
 
 
 def test_bench_packed_cells_and_their_peer():
-    from kernels.attention.bench import geomeans, packed_cells
+    from tik_evo_kernels.attention.bench import geomeans, packed_cells
 
     cells = packed_cells()  # the grid's train_packed workloads, every length listed
     assert [n for n, _ in cells] == ["train_packed.B8.T16K", "train_packed.B4.T32K"]
@@ -80,7 +80,7 @@ def test_varlen_peer_tries_each_releases_keywords(monkeypatch):
     import sys
     import types
 
-    from kernels.attention.autograd import varlen_flash
+    from tik_evo_kernels.attention.autograd import varlen_flash
 
     q, kv = torch.zeros((5, 4, 8)), torch.zeros((5, 2, 8))
     cu = torch.tensor([0, 2, 5], dtype=torch.int32)
@@ -108,7 +108,7 @@ def test_varlen_peer_tries_each_releases_keywords(monkeypatch):
 
 
 def test_bench_graph_geomeans_beside_the_event_ones():
-    from kernels.attention.bench import geomeans
+    from tik_evo_kernels.attention.bench import geomeans
 
     def row(cell, impl, ms, graph):  # graph: a graph time, or None for a failed capture
         phase = cell.split()[0]
@@ -140,7 +140,7 @@ def test_bench_graph_geomeans_beside_the_event_ones():
 
 
 def test_bench_prints_graph_times_and_geomeans(capsys):
-    from kernels.attention.bench import geomeans, print_table
+    from tik_evo_kernels.attention.bench import geomeans, print_table
 
     timings = [{"phase": "prefill", "cell": "prefill B1 S1024", "impl": "sdpa_cudnn", "ms": 0.05, "graph_ms": 0.036},
                {"phase": "prefill", "cell": "prefill B1 S1024", "impl": "root", "ms": 0.055, "graph_ms": 0.04},
@@ -165,7 +165,7 @@ def test_bench_prints_graph_times_and_geomeans(capsys):
 
 
 def test_bench_graph_plan_bounds_replays_of_long_cells():
-    from kernels.attention import bench
+    from tik_evo_kernels.attention import bench
 
     assert bench.graph_plan(0.037, 8) == {"calls": 20, "replays": 30, "warmup": 3}  # B1 1K: as decode's timing
     assert bench.graph_plan(60.0) == {"calls": 1, "replays": 5, "warmup": 1}  # B16 S16K: 7 calls, not 663
@@ -186,7 +186,7 @@ def test_bench_graph_plan_bounds_replays_of_long_cells():
 def test_bench_interleaves_a_cells_graph_replays_and_keeps_going_when_capture_fails(monkeypatch):
     # Each implementation is captured once with its own plan; the replays run in rounds whose order rotates, and
     # graph_ms is the median over rounds (so a clock drift during the cell does not favour whoever ran last).
-    from kernels.attention import bench
+    from tik_evo_kernels.attention import bench
 
     order, seqs = [], {"a": iter([5.0, 1.0, 3.0, 2.0, 4.0]), "c": iter([10.0] * 5)}
 
@@ -242,7 +242,7 @@ def test_bench_time_prefill_adds_graph_times_beside_event_ones(monkeypatch):
     import contextlib
     from types import SimpleNamespace
 
-    from kernels.attention import bench
+    from tik_evo_kernels.attention import bench
 
     F = torch.nn.functional
     g = torch.Generator().manual_seed(0)
@@ -306,7 +306,7 @@ def test_bench_decode_rows_carry_eager_times(monkeypatch):
     # graph figure and its back-to-back figure, and the table prints both.
     from types import SimpleNamespace
 
-    from kernels.attention import bench
+    from tik_evo_kernels.attention import bench
 
     real = {name: getattr(torch, name) for name in ("Generator", "randn", "full", "empty")}
     # (bench.torch is torch: these stand-ins drop device="cuda" for the test's duration)
@@ -327,7 +327,7 @@ def test_bench_decode_rows_carry_eager_times(monkeypatch):
 
 def test_named_bench_variants_use_declared_knob_values():
     # `tik-evo bench attention --variants NAME` runs these; a misspelt knob or value would time something else.
-    from kernels.attention.bench import VARIANTS
+    from tik_evo_kernels.attention.bench import VARIANTS
 
     space = {k.name: k.values for k in FAMILY.knobs}
     for name, knobs in VARIANTS.items():
@@ -342,9 +342,9 @@ def test_named_bench_variants_use_declared_knob_values():
 
 
 def test_bench_takes_the_best_of_a_run(tmp_path):
-    from kernels.attention.bench import best_of
     from tik_evo.records import Implementation
     from tik_evo.store import Store
+    from tik_evo_kernels.attention.bench import best_of
 
     source = with_knobs(FAMILY.root_source(), FULL_KV_LOADS="tma")
     for name, family, best in (("att", "attention", True), ("rms", "rmsnorm", True), ("new", "attention", False)):

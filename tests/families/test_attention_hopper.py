@@ -11,7 +11,7 @@ from _attention import (
     with_knobs,
 )
 
-from kernels.attention import FAMILY
+from tik_evo_kernels.attention import FAMILY
 
 
 def _compile_report(offline, knobs: list[dict], paths: str, head_dim: int = 128) -> list[dict]:

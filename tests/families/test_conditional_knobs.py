@@ -6,7 +6,6 @@ import random
 import pytest
 from omegaconf import OmegaConf
 
-from kernels.attention import FAMILY as ATTENTION
 from tik_evo.config import Campaign
 from tik_evo.families import available, load_family
 from tik_evo.family import Knob
@@ -15,6 +14,7 @@ from tik_evo.neighbours import one_knob_moves
 from tik_evo.operators.base import ActionContext
 from tik_evo.operators.knob import KnobOperator
 from tik_evo.records import Implementation, Opportunity
+from tik_evo_kernels.attention import FAMILY as ATTENTION
 
 ROOT_KNOBS = read_knobs(ATTENTION.root_source())
 GLUON_PREFILL = {k.name for k in ATTENTION.knobs if k.name.startswith("FULL_WS_")}

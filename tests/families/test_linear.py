@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import _family
 import pytest
 
-from kernels.linear import FAMILY
 from tik_evo.candidate import load_module
+from tik_evo_kernels.linear import FAMILY
 
 _load, failures = _family.loader(FAMILY)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import _family
 import pytest
 
-from kernels.logprob import FAMILY
+from tik_evo_kernels.logprob import FAMILY
 
 load, failures = _family.loader(FAMILY)
 

@@ -8,8 +8,8 @@ import _family
 import pytest
 import torch
 
-from kernels.moe_routing import FAMILY
-from kernels.moe_routing.family import reference
+from tik_evo_kernels.moe_routing import FAMILY
+from tik_evo_kernels.moe_routing.family import reference
 
 load, failures = _family.loader(FAMILY)
 OLD_ROOT = {"SELECT": "rounds", "EXPERT_GROUP": 0, "BLOCK_T": 4, "NUM_WARPS": 1}

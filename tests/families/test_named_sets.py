@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels.attention.family import AttentionFamily
-from kernels.rmsnorm.family import RMSNormFamily
+from tik_evo_kernels.attention.family import AttentionFamily
+from tik_evo_kernels.rmsnorm.family import RMSNormFamily
 
 
 def _family(folder: Path):

@@ -93,8 +93,8 @@ def test_fresh_verify_catches_a_path_that_skips_the_normalisation(phase):
     by orders of magnitude. Unit-variance rows (rstd ~ 1 at this width) would have let it through."""
     import torch
 
-    from kernels.rmsnorm.family import EPS, reference
     from tik_evo import checks
+    from tik_evo_kernels.rmsnorm.family import EPS, reference
 
     root = R.load_with_knobs(FAM)
     cheat = R.load_source(R.skips_normalisation(FAM.root_source()), "rms_cheat")

@@ -49,7 +49,7 @@ def _rotate_unit(impl, pos, inv, cos, sin, half):
 def test_sincos_within_two_ulp_of_fp64_up_to_128k():
     import torch
 
-    from kernels.rope.family import inv_freq, rope_table
+    from tik_evo_kernels.rope.family import inv_freq, rope_table
 
     impl = R.load_with_knobs(FAM, COS_SIN="sincos", DECODE_TOKENS_PER_PROGRAM=4)
     for theta, scaling in ((1e6, None), (5e5, "llama3")):
@@ -74,7 +74,7 @@ def test_sincos_without_inv_freq_refuses():
 
 
 def test_llama3_table_matches_low_and_high_frequency_limits():
-    from kernels.rope.family import inv_freq
+    from tik_evo_kernels.rope.family import inv_freq
 
     plain, scaled = inv_freq(128, 5e5), inv_freq(128, 5e5, "llama3")
     assert scaled[0] == plain[0]  # highest frequency unscaled
@@ -121,7 +121,7 @@ def _rows_vs_table(impl, n_tokens, hq=3, hk=2, d=64, start=5):
     """(table outputs, rows outputs) of rope_full, rope_decode and rope_backward on n_tokens tokens."""
     import torch
 
-    from kernels.rope.family import rope_table
+    from tik_evo_kernels.rope.family import rope_table
 
     g = torch.Generator().manual_seed(n_tokens)
     pos = torch.randperm(n_tokens + 40, generator=g)[:n_tokens].to(torch.int32) + start  # scattered positions
@@ -166,7 +166,7 @@ def test_rotation_in_place_gives_the_same_bits(knobs):
     # touch disjoint tokens, so rotating in place gives the out-of-place bits.
     import torch
 
-    from kernels.rope.family import rope_table
+    from tik_evo_kernels.rope.family import rope_table
 
     impl = R.load_with_knobs(FAM, **knobs)
     g = torch.Generator().manual_seed(5)
@@ -195,7 +195,7 @@ def test_rows_are_rounded_like_the_table():
 def test_gather_rows_is_an_exact_copy():
     import torch
 
-    from kernels.rope.family import rope_table
+    from tik_evo_kernels.rope.family import rope_table
 
     impl = R.load_with_knobs(FAM)
     cos, sin = rope_table(50, 64, 1e6, None, "cpu")
@@ -237,7 +237,7 @@ def test_rows_errors_name_the_argument_and_value():
 
 
 def test_harness_checks_rows_and_catches_a_wrong_row():
-    from kernels.rope.family import takes_rows
+    from tik_evo_kernels.rope.family import takes_rows
 
     load, failures = R.loader(FAM)
     assert takes_rows(load()) and not takes_rows(load(COS_SIN="sincos"))

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernels.decoder import roots
-from kernels.moe_decoder import MoEDecoder, MoEShape
 from tik_evo.candidate import load_module, load_source
 from tik_evo.families import available, load_family
 from tik_evo.graph_replay import CaptureError, Rerun, audit_checks, replay_check
 from tik_evo.knobs import read_knobs, write_knobs
+from tik_evo_kernels.decoder import roots
+from tik_evo_kernels.moe_decoder import MoEDecoder, MoEShape
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 PEERS = load_module(BENCH / "model_peers.py", "model_peers")

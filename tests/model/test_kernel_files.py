@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from kernels.files import KernelArgError, kernel_sources
 from tik_evo.candidate import load_module
 from tik_evo.knobs import read_knobs, write_knobs
 from tik_evo.records import Implementation
 from tik_evo.store import Store
+from tik_evo_kernels.files import KernelArgError, kernel_sources
 
 ROOT = Path(__file__).resolve().parents[2]
 

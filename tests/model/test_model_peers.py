@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.moe_decoder import MoEDecoder, MoEShape
 from tik_evo.candidate import load_module
+from tik_evo_kernels.moe_decoder import MoEDecoder, MoEShape
 
 PEERS = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "model_peers.py", "model_peers")
 LENS, PROMPTS = [9, 12, 7], [5, 8, 4]

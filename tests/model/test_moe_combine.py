@@ -6,7 +6,7 @@ match fp64 arithmetic, and the backward matches fp64 autograd. The embedding tab
 import pytest
 import torch
 
-from kernels.moe_combine import combine, combine_backward
+from tik_evo_kernels.moe_combine import combine, combine_backward
 
 TOKENS, TOP_K, HIDDEN = 13, 4, 200  # HIDDEN: not a power of two, and wider than one column block for some tiles
 
@@ -68,7 +68,7 @@ def test_no_tokens_and_bad_shapes():
 def test_embedding_backward_sums_each_tokens_rows_like_fp64():
     # kernels/embedding_backward.py (the policy update's table gradient): runs longer than one read block (a
     # frequent token), the table's first and last rows, rows no token uses (zero), ids in any order, no tokens.
-    from kernels.embedding_backward import RUN_BLOCK, embedding_backward
+    from tik_evo_kernels.embedding_backward import RUN_BLOCK, embedding_backward
 
     g = torch.Generator().manual_seed(6)
     ids = torch.cat([torch.full((2 * RUN_BLOCK + 3,), 7), torch.tensor([0, 49, 3, 3, 49]),

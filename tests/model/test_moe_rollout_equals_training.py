@@ -7,10 +7,10 @@ import math
 
 import torch
 
-from kernels.decoder import EPS, roots
-from kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape
 from tik_evo.candidate import load_source
 from tik_evo.knobs import read_knobs, write_knobs
+from tik_evo_kernels.decoder import EPS, roots
+from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape
 
 LENS, PROMPTS = [9, 12, 7], [5, 8, 4]
 

@@ -4,9 +4,9 @@ narrow rows several to a tile (QK norm's heads), wide rows one to a tile, rows n
 import pytest
 import torch
 
-from kernels import norm_backward
-from kernels.norm_backward import rms_backward
 from tik_evo import checks
+from tik_evo_kernels import norm_backward
+from tik_evo_kernels.norm_backward import rms_backward
 
 
 @pytest.fixture(params=[{"PREFETCH": True, "DW_IN_TILE": True}, {"PREFETCH": False, "DW_IN_TILE": False},
@@ -53,7 +53,7 @@ def test_rms_backward_adds_the_residual_outputs_gradient(schedule):
 
 
 def test_resident_programs_counts_what_limits_an_sm():
-    from kernels.norm_backward import resident_programs
+    from tik_evo_kernels.norm_backward import resident_programs
 
     assert resident_programs(118, 0, 8) == 2  # 118 registers round up to 120 a thread: 30720 a program
     assert resident_programs(80, 0, 8) == 3
@@ -91,9 +91,9 @@ COMPILE = """
 import json, sys
 sys.path.insert(0, ".")
 from benchmarks.sm90 import compile_sm90
-from kernels.moe_combine import _combine_bwd_kernel, _combine_kernel
-from kernels.norm_backward import _rms_bwd_kernel
-from kernels.silu_mul.root import _silu_mul_bwd_kernel
+from tik_evo_kernels.moe_combine import _combine_bwd_kernel, _combine_kernel
+from tik_evo_kernels.norm_backward import _rms_bwd_kernel
+from tik_evo_kernels.silu_mul.root import _silu_mul_bwd_kernel
 p = {"x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "dres_ptr": "*bf16", "dx_ptr": "*bf16", "ws_ptr": "*fp32"}
 sig = {**p, "n_rows": "i32", "H": "i32", "eps": "fp32"}
 out = {f"rms{b}x{r}{'p' if pf else ''}": compile_sm90(
@@ -109,7 +109,7 @@ p = {"rows_ptr": "*bf16", "w_ptr": "*bf16", "pos_ptr": "*i64", "gy_ptr": "*bf16"
      "gw_ptr": "*bf16"}
 out["moe_combine_bwd"] = compile_sm90(_combine_bwd_kernel, {**p, "n_tok": "i32", "H": "i32"},
                                       {"TOP_K": 8, "K_PAD": 8, "ROWS": 1, "BLOCK_H": 2048}, 4, 3, {*p, "H"})
-from kernels.embedding_backward import _run_sum_kernel
+from tik_evo_kernels.embedding_backward import _run_sum_kernel
 p = {"sorted_ptr": "*i64", "order_ptr": "*i64", "gy_ptr": "*bf16", "gt_ptr": "*bf16"}
 out["embedding_bwd"] = compile_sm90(_run_sum_kernel, {**p, "n_tok": "i32", "H": "i32"}, {"BLOCK": 512, "RUN": 8}, 4, 1,
                                     {*p, "H"})

@@ -1,14 +1,14 @@
 """The policy update on the unified kernels (CPU, the interpreter): `policy_logprobs` gives training_logprobs'
 bits (so the rollout's), and its gradients, through each family's backward, agree with autograd of the same
-model written in torch (`kernels.autograd.TorchOps`) to bf16 accuracy."""
+model written in torch (`tik_evo_kernels.autograd.TorchOps`) to bf16 accuracy."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from kernels.autograd import KernelOps, RecordingRouting, TorchOps
-from kernels.moe_decoder import MoEDecoder, MoEShape
+from tik_evo_kernels.autograd import KernelOps, RecordingRouting, TorchOps
+from tik_evo_kernels.moe_decoder import MoEDecoder, MoEShape
 
 LENS, PROMPTS = [9, 12, 7], [5, 8, 4]
 GRAD_TOL = 4e-2  # relative L2 per parameter; measured 1.0-2.7% (bf16 activations on both sides)
@@ -57,7 +57,7 @@ def test_policy_logprobs_are_training_bits_and_gradients_match_torch(shape, grou
 
 def test_each_call_backpropagates_like_torch():
     # Per call, on inputs of its own: the gradient of every differentiable input, against TorchOps' autograd.
-    from kernels.rope.family import rope_table
+    from tik_evo_kernels.rope.family import rope_table
 
     g = torch.Generator().manual_seed(0)
 

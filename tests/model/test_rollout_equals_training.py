@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from kernels.decoder import EPS, Shape, TinyDecoder, roots
 from tik_evo.candidate import load_source
+from tik_evo_kernels.decoder import EPS, Shape, TinyDecoder, roots
 
 PROMPT, ANSWER = 13, 5
 
@@ -93,8 +93,8 @@ def test_a_family_runs_as_a_named_set_and_bad_names_are_refused():
     # The decoder can run a family as one of its measured knob sets (the GPU script's --attention-set), here
     # attention's 128-key-block set with the tree row sum and the reciprocal normalisation on the CPU's Triton
     # path: rollout still equals training bit for bit.
-    from kernels.decoder import with_sets
     from tik_evo.config import ConfigError
+    from tik_evo_kernels.decoder import with_sets
 
     impls = with_sets({"attention": "hopper_bn128_tma_s512"})
     assert impls["attention"].KNOBS["NORMALIZE"] == "reciprocal" and impls["attention"].KNOBS["BLOCK_N"] == 128

@@ -90,7 +90,7 @@ def cmd_bench(args) -> int:
         module = importlib.import_module(SUITES[args.family])
     else:
         try:
-            module = importlib.import_module(f"kernels.{args.family}.bench")
+            module = importlib.import_module(f"tik_evo_kernels.{args.family}.bench")
         except ModuleNotFoundError as e:
             from tik_evo.families import available
 

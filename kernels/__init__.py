@@ -1,1 +1,0 @@
-"""Kernel families: each subpackage exports ``FAMILY`` (see :mod:`tik_evo.family`)."""
