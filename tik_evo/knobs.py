@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import ast
+import functools
+import math
+from collections import OrderedDict
 from typing import Any
+
+# Sources this process wrote with `write_knobs`, with the KNOBS written into them: they are canonical by
+# construction and their KNOBS are known, so reading them back needs no parse (the last few only).
+_WRITTEN: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_LITERALS = (bool, int, float, str, type(None))
 
 
 class KnobsError(ValueError):
     pass
 
 
+# A step reads and rewrites the same few sources several times (parent, offspring, its canonical form), and a
+# family's source is thousands of lines: parsing each once saves most of the engine's own time a step.
+@functools.lru_cache(maxsize=32)
 def _knobs_node(source: str) -> ast.Assign:
+    """The module-level KNOBS assignment (shared between callers: read it, never change it)."""
     try:
         tree = ast.parse(source)
     except SyntaxError as e:
@@ -25,6 +37,8 @@ def _knobs_node(source: str) -> ast.Assign:
 
 
 def read_knobs(source: str) -> dict[str, Any]:
+    if source in _WRITTEN:
+        return dict(_WRITTEN[source])
     node = _knobs_node(source)
     try:
         return ast.literal_eval(node.value)
@@ -47,7 +61,14 @@ def write_knobs(source: str, knobs: dict[str, Any]) -> str:
     start, end = node.lineno - 1, node.end_lineno  # type: ignore[attr-defined]
     # One entry per line, so a knob change is a one-line diff.
     new = "KNOBS = {\n" + "".join(f"    {_literal(k)}: {_literal(v)},\n" for k, v in knobs.items()) + "}\n"
-    return "".join(lines[:start]) + new + "".join(lines[end:])
+    out = "".join(lines[:start]) + new + "".join(lines[end:])
+    if all(isinstance(k, str) and isinstance(v, _LITERALS) and (not isinstance(v, float) or math.isfinite(v))
+           for k, v in knobs.items()):  # values whose text reads back as the same value
+        _WRITTEN[out] = dict(knobs)
+        _WRITTEN.move_to_end(out)
+        while len(_WRITTEN) > 32:
+            _WRITTEN.popitem(last=False)
+    return out
 
 
 def _literal(value: Any) -> str:
@@ -61,6 +82,8 @@ def _literal(value: Any) -> str:
 def canonical_source(source: str) -> str:
     """``source`` with its KNOBS written as `write_knobs` writes them (unchanged if it has none readable): two
     sources that differ only in how the same KNOBS are laid out get the same text and so the same hash."""
+    if source in _WRITTEN:
+        return source
     try:
         return write_knobs(source, read_knobs(source))
     except KnobsError:

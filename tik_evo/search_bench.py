@@ -91,10 +91,12 @@ def run_arm(campaign: str, out: Path, arm: str, seed: int, overrides: list[str],
         with Store.open_reader(run_dir) as store:
             if store.state().get("finished"):
                 return run_dir
-        _cli(["resume", str(run_dir), "--quiet", *budget], log)
+        rc = _cli(["resume", str(run_dir), "--quiet", *budget], log)
     else:
-        _cli(["run", campaign, f"store.path={run_dir}", f"search.seed={seed}", *ARMS[arm], *overrides, "--quiet"],
-             log)
+        rc = _cli(["run", campaign, f"store.path={run_dir}", f"search.seed={seed}", *ARMS[arm], *overrides,
+                   "--quiet"], log)
+    if rc:  # reported and left out of the summary while it has no verified root; the other runs go on
+        log(f"warning: {arm} seed {seed} exited with {rc}; see {run_dir}")
     return run_dir
 
 
@@ -139,6 +141,9 @@ def summarise(out: Path, arms: list[str], seeds: list[int]) -> dict[str, Any]:
             run_dir = out / "runs" / f"{arm}-s{seed}"
             if not (run_dir / "ir.lmdb").exists():
                 continue
+            with Store.open_reader(run_dir) as store:
+                if store.state().best is None:  # its root never verified: nothing to compare
+                    continue
             c = curve(run_dir)
             c["seed"] = seed
             c["gap_closed"] = gap_closed(c["speedup"], ref_speedup)

@@ -67,3 +67,20 @@ def test_every_root_is_written_as_the_knob_operator_writes(name):
 
     source = load_family(name).root_source()
     assert canonical_source(source) == source
+
+
+def test_a_written_source_reads_back_as_a_parse_of_it_would():
+    import tik_evo.knobs as knobs_module
+    from tik_evo.families import load_family
+    from tik_evo.knobs import canonical_source, read_knobs, write_knobs
+
+    src = load_family("rmsnorm").root_source()
+    knobs = {**read_knobs(src), "NUM_WARPS": 8, "FULL_NUM_STAGES": 3}
+    new = write_knobs(src, knobs)
+    remembered = read_knobs(new)
+    assert canonical_source(new) == new
+    knobs_module._WRITTEN.clear()  # now read by parsing
+    knobs_module._knobs_node.cache_clear()
+    assert read_knobs(new) == remembered == knobs and canonical_source(new) == new
+    remembered["NUM_WARPS"] = 1  # a caller's copy: changing it changes nothing remembered
+    assert read_knobs(write_knobs(src, knobs))["NUM_WARPS"] == 8

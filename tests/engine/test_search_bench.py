@@ -36,7 +36,9 @@ def test_gap_closed_per_run_and_per_workload(tmp_path, finished_run):
     _reference(out, 2.0, {"qwen3-4b.decode.B1": 1.5})
     for arm in ("engine", "random"):
         shutil.copytree(finished_run, out / "runs" / f"{arm}-s0")
-    s = sb.summarise(out, ["engine", "random"], [0, 1])  # seed 1 never ran: left out, not an error
+    Store.create(out / "runs" / "tpe-s0").close()  # a run whose root never verified: left out too
+    s = sb.summarise(out, ["engine", "random", "tpe"], [0, 1])  # seed 1 never ran: left out, not an error
+    assert s["arms"]["tpe"]["runs"] == [] and s["arms"]["tpe"]["median_speedup"] is None
     run = s["arms"]["engine"]["runs"][0]
     with Store.open_reader(finished_run) as store:
         st = store.state()
