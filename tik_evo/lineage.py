@@ -90,6 +90,11 @@ def judge(passed: bool, measurements: dict, best_retimed: dict, state: RunState,
     return v
 
 
+def overshoot(limits: dict[str, dict[str, Any]]) -> float:
+    """The worst time against its slowdown limit, as a fraction over it (<= 0: within every limit)."""
+    return max(x["ratio_vs_root"] / x["limit"] - 1 for x in limits.values())
+
+
 # -- the lineage's records -------------------------------------------------------------------------------------
 def set_root(txn: Txn, root: Implementation) -> None:
     """The verified root (its objective set): the first best and the frontier's only member."""

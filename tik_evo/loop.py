@@ -256,7 +256,7 @@ class Search:
         self._use_opportunity(txn, choice.opportunity, proposal, audit.id)
         value = None if failed else trial_value(verdict.objective, verdict.best_objective)
         if value is not None and verdict.limits:
-            pending.overshoot = max(x["ratio_vs_root"] / x["limit"] - 1 for x in verdict.limits.values())
+            pending.overshoot = lineage.overshoot(verdict.limits)
             action.params["_overshoot"] = pending.overshoot
         if value is not None and not verdict.admissible and not self.cfg.search.constraints:
             # Tell the sampler an over-limit offspring is worse than no change, by how far it overshot (with
@@ -298,7 +298,7 @@ class Search:
         audit = txn.get(impl.audit) if impl.audit else None
         limits = audit.limits if audit else {}
         if limits:
-            pending.overshoot = max(x["ratio_vs_root"] / x["limit"] - 1 for x in limits.values())
+            pending.overshoot = lineage.overshoot(limits)
             if pending.overshoot > 0 and not self.cfg.search.constraints:
                 value = min(value, 0.0) - pending.overshoot
         return value

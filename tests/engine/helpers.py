@@ -22,3 +22,15 @@ def write_campaign(tmp_path: Path, **sections) -> Path:
     path = tmp_path / "campaign.yaml"
     path.write_text(yaml.safe_dump(base))
     return path
+
+
+def lineage_store(path: Path):
+    """A store whose root I0 (T = 2.0) is the best and the frontier's only member, for lineage decisions."""
+    from tik_evo.records import Implementation
+    from tik_evo.store import Store
+
+    s = Store.create(path)
+    with s.transaction() as t:
+        t.put(Implementation(t.new_id("I"), "h0", [], "root", "best", objective=2.0))
+        t.state.best, t.state.root, t.state.frontier, t.state.best_objective = "I0", "I0", ["I0"], 2.0
+    return s

@@ -56,15 +56,8 @@ def test_best_retimed_in_same_audit_is_the_reference():
 from tik_evo import lineage  # noqa: E402
 from tik_evo.lineage import Verdict  # noqa: E402
 from tik_evo.records import Implementation  # noqa: E402
-from tik_evo.store import Store  # noqa: E402
 
-
-def _store(tmp_path):
-    s = Store.create(tmp_path)
-    with s.transaction() as t:
-        t.put(Implementation(t.new_id("I"), "h0", [], "root", "best", objective=2.0))
-        t.state.best, t.state.root, t.state.frontier, t.state.best_objective = "I0", "I0", ["I0"], 2.0
-    return s
+from .helpers import lineage_store  # noqa: E402
 
 
 def _child(s, c, parent, verdict, failed=False):
@@ -76,7 +69,7 @@ def _child(s, c, parent, verdict, failed=False):
 
 
 def test_decisions_promote_continue_archive_abandon(tmp_path):
-    s, c = _store(tmp_path), cfg()
+    s, c = lineage_store(tmp_path), cfg()
     a = _child(s, c, "I0", Verdict(objective=1.5, admissible=True, promoted=True, reason="better"))
     assert s.state()["best"] == a and s.get("I0").status == "active" and s.state()["kappa"] == 0
     b = _child(s, c, a, Verdict(objective=1.6, admissible=True, reason="not better"))
@@ -94,7 +87,7 @@ def test_decisions_promote_continue_archive_abandon(tmp_path):
 
 
 def test_patience_archives_parent_and_stall_reactivates(tmp_path):
-    s, c = _store(tmp_path), cfg()
+    s, c = lineage_store(tmp_path), cfg()
     c.search.parent_patience, c.search.reactivate_every = 2, 3
     p = _child(s, c, "I0", Verdict(objective=2.1, admissible=True, reason="kept"))
     _child(s, c, p, Verdict(objective=2.2, admissible=True, reason="no"))

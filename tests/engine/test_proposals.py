@@ -14,19 +14,13 @@ from tik_evo.records import Implementation
 from tik_evo.scheduler import ONE_SHOT, Scheduler, make_sampler
 from tik_evo.store import Store
 
+from .helpers import lineage_store
+
 
 def _cfg(**search):
     c = OmegaConf.structured(Campaign)
     c.search.update(search)
     return c
-
-
-def _store(tmp_path):
-    s = Store.create(tmp_path)
-    with s.transaction() as t:
-        t.put(Implementation(t.new_id("I"), "h0", [], "root", "best", objective=2.0))
-        t.state.best, t.state.root, t.state.frontier, t.state.best_objective = "I0", "I0", ["I0"], 2.0
-    return s
 
 
 def _child(s, c, verdict):
@@ -39,7 +33,7 @@ def _child(s, c, verdict):
 
 @pytest.mark.parametrize("on", [False, True])
 def test_a_faster_offspring_over_a_limit_is_a_parent_only_as_a_stepping_stone(tmp_path, on):
-    s, c = _store(tmp_path), _cfg(stepping_stones=on)
+    s, c = lineage_store(tmp_path), _cfg(stepping_stones=on)
     faster = _child(s, c, Verdict(objective=1.5, best_objective=2.0, admissible=False, reason="over on x"))
     slower = _child(s, c, Verdict(objective=2.5, best_objective=2.0, admissible=False, reason="over on x"))
     st = s.state()
