@@ -108,6 +108,38 @@ def rms_edit(root: str, code: str) -> str:
     return root.replace(doc, doc + "".join(f"    {ln}\n" for ln in code.splitlines()))
 
 
+def atomic_rows(root: str) -> str:
+    """Both paths split each row's sum of squares over programs that tl.atomic_add their partial sums: full and
+    decode share the code, the accuracy is fine, and only the order of the additions (the scheduler's) differs."""
+    kernels = (
+        "\n\n@triton.jit\n"
+        "def _ss_atomic(x_ptr, ss_ptr, H, CHUNK: tl.constexpr):\n"
+        "    row = tl.program_id(0)\n"
+        "    cols = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)\n"
+        "    x = tl.load(x_ptr + row * H + cols, mask=cols < H, other=0.0).to(tl.float32)\n"
+        "    tl.atomic_add(ss_ptr + row, tl.sum(x * x, axis=0))\n\n\n"
+        "@triton.jit\n"
+        "def _apply(x_ptr, w_ptr, ss_ptr, y_ptr, y32_ptr, H, eps, BLOCK_H: tl.constexpr, WRITE32: tl.constexpr):\n"
+        "    row = tl.program_id(0)\n"
+        "    cols = tl.arange(0, BLOCK_H)\n"
+        "    mask = cols < H\n"
+        "    x = tl.load(x_ptr + row * H + cols, mask=mask, other=0.0).to(tl.float32)\n"
+        "    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)\n"
+        "    y = x * (1.0 / tl.sqrt(tl.load(ss_ptr + row) / H + eps)) * w\n"
+        "    tl.store(y_ptr + row * H + cols, y.to(tl.bfloat16), mask=mask)\n"
+        "    if WRITE32:\n"
+        "        tl.store(y32_ptr + row * H + cols, y, mask=mask)\n\n\n"
+        "def _launch(x, weight, eps, out, out32, rows_per_program, num_stages):\n"
+        "    n_rows, hidden = x.shape\n"
+        "    ss = torch.zeros(n_rows, device=x.device, dtype=torch.float32)\n"
+        "    _ss_atomic[(n_rows, cdiv(hidden, 256))](x, ss, hidden, CHUNK=256)\n"
+        "    _apply[(n_rows,)](x, weight, ss, out, out32 if out32 is not None else out, hidden, eps,\n"
+        "                      BLOCK_H=pow2(hidden), WRITE32=out32 is not None, num_warps=KNOBS[\"NUM_WARPS\"])\n"
+    )
+    head, tail = root.split("def _launch(", 1)
+    return head + kernels.lstrip("\n") + "\n\ndef _unused_launch(" + tail
+
+
 def hostile() -> list[tuple[str, str, str, bool, str]]:
     """(name, family, source, no_scan, what must happen)."""
     rms = (ROOT / "kernels/rmsnorm/root.py").read_text()
@@ -142,6 +174,8 @@ def hostile() -> list[tuple[str, str, str, bool, str]]:
            "    k = (x.data_ptr(), out.data_ptr())\n    if k in _M:\n        out.copy_(_M[k])\n        return\n"
            "    _decode(x, weight, eps, out, out32)\n    _M[k] = out.clone()\n", True, "rejected"),
     ]
+    out.append(("row sums by float atomics (order is the scheduler's)", "rmsnorm", atomic_rows(rms), True,
+                "rejected (repeated calls differ)"))
     attn = (ROOT / "kernels/attention/root.py").read_text()
     sig = "def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context_lens: torch.Tensor,"
     if sig in attn:
@@ -173,24 +207,43 @@ def cmd_adversarial(args) -> dict:
 
 
 def cmd_roots(args) -> dict:
+    """Verdicts only (no timing stage), so audits may share the card: --jobs of them run at once."""
+    from concurrent.futures import ThreadPoolExecutor
+
     sys.path.insert(0, str(ROOT))
     from tik_evo.families import available, load_family
 
-    rows = []
-    for fam in available():
+    wanted_fams = available() if args.families == "all" else args.families.split(",")
+    specs = []
+    for fam in wanted_fams:
+        sets = {"root": {}}
+        named = load_family(fam).named_sets()
+        wanted = named if args.sets == "all" else {k: named[k] for k in args.sets.split(",") if k in named}
+        sets.update({k: v for k, v in wanted.items() if v})
+        specs += [(fam, name, knobs) for name, knobs in sets.items()]
+    if args.pick:
+        picked = set(args.pick.split(","))
+        specs = [x for x in specs if f"{x[0]}:{x[1]}" in picked]
+    rows: list[dict] = []
+
+    def one(item):
+        fam, name, knobs = item
         with tempfile.TemporaryDirectory() as d:
-            sets = {"root": {}}
-            named = load_family(fam).named_sets()
-            wanted = named if args.sets == "all" else {k: named[k] for k in args.sets.split(",") if k in named}
-            sets.update({k: v for k, v in wanted.items() if v})
-            for name, knobs in sets.items():
-                spec = {"family": fam, "knobs": knobs, "run_dir": d, "id": f"I_{name}", "workloads": [],
-                        "evaluate": EVALUATE, "time": False, "ancestors": [{}] if knobs else []}
-                r = audit(spec, ROOT)
-                rows.append({"family": fam, "set": name, **r})
-                print(f"{fam:12s} {name:26s} passed={r['passed']!s:5s} kind={r.get('failure_kind')} "
-                      f"{r['seconds']:.1f}s", flush=True)
-    return {"roots": rows}
+            spec = {"family": fam, "knobs": knobs, "run_dir": d, "id": f"I_{name}", "workloads": [],
+                    "evaluate": EVALUATE, "time": False, "ancestors": [{}] if knobs else []}
+            r = audit(spec, ROOT)
+        print(f"{fam:12s} {name:26s} passed={r['passed']!s:5s} kind={r.get('failure_kind')} "
+              f"{r['seconds']:.1f}s {r.get('failure', '')[:400]!r}", flush=True)
+        rows.append({"family": fam, "set": name, **r})
+        partial(args, {"roots": rows, "jobs": args.jobs})  # a call cut short keeps what it has
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, specs))
+    return {"roots": rows, "jobs": args.jobs}
+
+
+def partial(args, part: dict) -> None:
+    Path(args.out).write_text(json.dumps({**HEADER, **part, "partial": True}, indent=1))
 
 
 def cmd_times(args) -> dict:
@@ -206,25 +259,34 @@ def cmd_times(args) -> dict:
                     rows.append({"family": fam, "engine": engine_name, "audit": i, "knobs": knobs, **r})
                     print(f"{fam:10s} {engine_name:6s} audit {i} passed={r['passed']} {r['seconds']:.1f}s "
                           f"stages={[(s[0], s[2]) for s in r.get('stages', [])]}", flush=True)
+                    partial(args, {"times": rows})
     return {"times": rows}
+
+
+HEADER: dict = {}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["adversarial", "roots", "times"])
     ap.add_argument("--old", help="times: a checkout of the engine to compare with")
-    ap.add_argument("--families", default="rmsnorm,attention")
+    ap.add_argument("--families", default=None, help="times: rmsnorm,attention; roots: all (comma list)")
+    ap.add_argument("--pick", help="roots: only these family:set pairs (comma list)")
+    ap.add_argument("--jobs", type=int, default=1, help="roots: audits at once (verdicts only, no timing)")
     ap.add_argument("--sets", default="all", help="roots: the named sets to audit besides each root (comma list)")
     ap.add_argument("--only", help="adversarial: the families whose candidates run (comma list)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    args.families = args.families or ("all" if args.what == "roots" else "rmsnorm,attention")
     import torch
     import triton
 
     t0 = time.time()
-    data = {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
-            else "none", "torch": torch.__version__, "triton": triton.__version__,
-            "commit_tree": hashlib.sha256((ROOT / "tik_evo/worker.py").read_bytes()).hexdigest()[:12]}
+    HEADER.update({"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(0)
+                   if torch.cuda.is_available() else "none", "torch": torch.__version__, "triton": triton.__version__,
+                   "commit_tree": hashlib.sha256((ROOT / "tik_evo/worker.py").read_bytes()).hexdigest()[:12],
+                   "argv": sys.argv[1:]})
+    data = dict(HEADER)
     data.update({"adversarial": cmd_adversarial, "roots": cmd_roots, "times": cmd_times}[args.what](args))
     data["wall_s"] = time.time() - t0
     Path(args.out).write_text(json.dumps(data, indent=1))

@@ -92,6 +92,11 @@ class Runner:
             pass
 
     def request(self, msg: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        if self.device != "cpu" and torch.cuda.is_initialized():
+            # The judge's copies into the arena run on its own stream, the runner's kernels on another process's:
+            # nothing orders them but this. Without it a busy GPU lets the runner read a slot before its
+            # inputs land (false mismatches, NaNs from stale memory when audits share a card).
+            torch.cuda.synchronize()
         try:
             self.chan.send(msg)
             reply = self.chan.recv(timeout=timeout or self.timeout)

@@ -1,6 +1,7 @@
 """The judge/runner arena and channel: what crosses between them, and what the judge refuses from the runner."""
 
 import base64
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,3 +43,25 @@ def test_the_channel_refuses_oversized_and_non_json_replies():
     a, b = Channel.pair()
     b.send({"ok": True})
     assert a.recv(timeout=5) == {"ok": True}
+
+
+def test_the_judge_waits_for_its_arena_copies_before_the_runner_reads_them(monkeypatch):
+    # The judge's copies into the arena and the runner's kernels run in two processes: nothing orders them but the
+    # judge's synchronize before each request. Missing, a busy GPU let runners read stale inputs.
+    from tik_evo import remote
+
+    events = []
+    a, b = Channel.pair()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: events.append("sync"))
+    real_send = a.send
+    monkeypatch.setattr(a, "send", lambda msg, **kw: (events.append("send"), real_send(msg, **kw)))
+    runner = remote.Runner(0, a, "cuda", Path("."), {})
+    b.send({"ok": True})
+    assert runner.request({"op": "call"}) == {"ok": True}
+    assert events == ["sync", "send"]
+    cpu = remote.Runner(0, a, "cpu", Path("."), {})
+    events.clear()
+    b.send({"ok": True})
+    cpu.request({"op": "call"})
+    assert events == ["send"]
