@@ -3,6 +3,7 @@
     python3 benchmarks/audit_gpu.py adversarial --out F.json     # hostile candidates (rmsnorm, attention)
     python3 benchmarks/audit_gpu.py roots --out F.json           # every family's root, attention's named sets
     python3 benchmarks/audit_gpu.py times --old DIR --out F.json  # audit time and timings: this engine vs DIR's
+    python3 benchmarks/audit_gpu.py warm --out F.json            # audits after a compile-ahead pass vs cold
 
 Each audit runs in a fresh interpreter, as `tik-evo audit` runs one, through `run_audit` (the same path a search
 takes). `--old DIR` names a checkout of an earlier engine (its tik_evo/ and kernels/) to time the same audits
@@ -61,11 +62,12 @@ print("RESULT " + json.dumps({
     "seconds": time.time() - t0, "stages": [[s["name"], s["passed"], round(s["seconds"], 2), len(s["checks"])]
                                             for s in out.stages],
     "measurements": {k: [m["median_s"], m.get("spread"), m.get("timer")] for k, m in out.measurements.items()},
-    "best_retimed": {k: m["median_s"] for k, m in out.best_retimed.items()}, "device": out.device}))
+    "best_retimed": {k: m["median_s"] for k, m in out.best_retimed.items()}, "device": out.device,
+    "warm": {k: v for k, v in (out.device.get("warm") or {}).items() if k != "sandbox"}}))
 """
 
 EVALUATE = {"timeout_s": 900, "rep_ms": 100, "check_procs": 0, "graph_replay": "auto", "rounds": 5,
-            "repeat_calls": 100, "sandbox": "auto"}
+            "repeat_calls": 100, "sandbox": "auto", "warm": "off"}
 ATTN = {"q_heads": 32, "kv_heads": 8, "head_dim": 128}
 WORKLOADS = {
     "attention": [
@@ -266,9 +268,33 @@ def cmd_times(args) -> dict:
 HEADER: dict = {}
 
 
+def cmd_warm(args) -> dict:
+    """Compile ahead: the root audited in a run (its judge notes the calls), then each variant audited in that
+    run after a warm pass, and the same variant cold in a fresh run; audit seconds and stages side by side."""
+    rows = []
+    for fam in args.families.split(","):
+        with tempfile.TemporaryDirectory() as run, tempfile.TemporaryDirectory() as cold_root:
+            ev = {**EVALUATE, "warm": "auto"}
+            spec = {"family": fam, "knobs": {}, "run_dir": run, "id": "I0", "workloads": WORKLOADS[fam],
+                    "evaluate": ev, "best": None}
+            r = audit(spec, ROOT)
+            rows.append({"family": fam, "audit": "root (notes the calls)", **r})
+            for i, knobs in enumerate(VARIANTS[fam], 1):
+                for mode, d in (("warm", run), ("cold", tempfile.mkdtemp(dir=cold_root))):
+                    spec = {"family": fam, "knobs": knobs, "run_dir": d, "id": f"I{i}", "workloads": WORKLOADS[fam],
+                            "evaluate": {**ev, "warm": "auto" if mode == "warm" else "off"}, "best": {},
+                            "ancestors": [{}]}
+                    r = audit(spec, ROOT)
+                    rows.append({"family": fam, "audit": f"variant {i} {mode}", "knobs": knobs, **r})
+                    print(f"{fam:10s} variant {i} {mode:4s} passed={r['passed']} {r['seconds']:.1f}s "
+                          f"warm={r.get('warm')} stages={[(s[0], s[2]) for s in r.get('stages', [])]}", flush=True)
+                    partial(args, {"warm": rows})
+    return {"warm": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["adversarial", "roots", "times"])
+    ap.add_argument("what", choices=["adversarial", "roots", "times", "warm"])
     ap.add_argument("--old", help="times: a checkout of the engine to compare with")
     ap.add_argument("--families", default=None, help="times: rmsnorm,attention; roots: all (comma list)")
     ap.add_argument("--pick", help="roots: only these family:set pairs (comma list)")
@@ -287,7 +313,8 @@ def main() -> None:
                    "commit_tree": hashlib.sha256((ROOT / "tik_evo/worker.py").read_bytes()).hexdigest()[:12],
                    "argv": sys.argv[1:]})
     data = dict(HEADER)
-    data.update({"adversarial": cmd_adversarial, "roots": cmd_roots, "times": cmd_times}[args.what](args))
+    data.update({"adversarial": cmd_adversarial, "roots": cmd_roots, "times": cmd_times, "warm": cmd_warm}
+                [args.what](args))
     data["wall_s"] = time.time() - t0
     Path(args.out).write_text(json.dumps(data, indent=1))
 

@@ -107,9 +107,10 @@ def close_executors() -> None:
 def audit_slots(evaluate: Any, device: str) -> list[int]:
     """The GPU index of each audit that may run at once: every GPU of `evaluate.gpus` (the first audits the
     root), else `gpu_index` alone; under the interpreter `evaluate.parallel` slots (the index is then unused)."""
+    n = max(1, int(getattr(evaluate, "in_flight", 1)))
     if device == "cuda":
-        return list(evaluate.gpus) or [evaluate.gpu_index]
-    return [evaluate.gpu_index] * max(1, evaluate.parallel)
+        return [g for g in (list(evaluate.gpus) or [evaluate.gpu_index]) for _ in range(n)]
+    return [evaluate.gpu_index] * max(n, evaluate.parallel)
 
 
 def worker_devices(env: dict[str, str], gpu_index: int) -> str:
@@ -158,17 +159,29 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
         env.pop("TRITON_INTERPRET", None)
         env["CUDA_VISIBLE_DEVICES"] = worker_devices(env, job.gpu_index)
     timeout = float(job.evaluate.get("timeout_s", 300))
-    rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", timeout)
+    # In flight with others on one GPU, an audit may wait for each of them and compile ahead first: the worker
+    # lives long enough for that, and only its own time on the GPU counts against timeout_s (below).
+    in_flight = int(job.evaluate.get("in_flight", 1))
+    limit = timeout * in_flight + (float(job.evaluate.get("warm_timeout_s", 120)) if in_flight > 1 else 0.0)
+    rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", limit)
 
     result = WorkerResult.read(result_path)
     out.stages += [s.to_dict() for s in result.stages]
     out.measurements, out.best_retimed, out.device = result.measurements, result.best_retimed, result.device
     if job.device == "cuda":  # which of the run's GPUs: concurrent audits spread over several
         out.device["gpu_index"] = job.gpu_index
+    for key in ("warm", "gpu_lock"):  # the compile-ahead pass and the wait for the GPU (tik_evo.warm)
+        if result.other.get(key):
+            out.device[key] = result.other[key]
     out.seconds = time.time() - t_start
-    if timed_out:
+    held = result.other.get("gpu_lock", {}).get("acquired_at")
+    if timed_out and in_flight > 1 and (held is None or time.time() - held < timeout):
+        out.failure_kind = "infrastructure"  # queued or compiling ahead too long: never the candidate's verdict
+        out.failure = (f"worker killed after {limit:g} s, {'before it held' if held is None else 'soon after'} "
+                       f"the GPU (evaluate.in_flight={in_flight}); last stage: {_last(out)}")
+    elif timed_out:
         out.failure_kind = "timeout"
-        out.failure = f"worker killed after {timeout:g} s (evaluate.timeout_s); last stage: {_last(out)}"
+        out.failure = f"worker killed after {limit:g} s (evaluate.timeout_s); last stage: {_last(out)}"
     elif result.done and rc == 0:
         out.passed = True
     elif rc < 0:

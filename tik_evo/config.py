@@ -94,6 +94,11 @@ class EvaluateConfig:
     # Audits at once, one per GPU: the root is audited on the first. Empty: one audit at a time on gpu_index.
     gpus: list[int] = field(default_factory=list)
     parallel: int = 1  # audits at once under the interpreter (CPU); on a GPU, list the GPUs in `gpus` instead
+    # Audits in flight per GPU: each compiles ahead (`warm`) on the host's cores, one at a time holds the GPU.
+    in_flight: int = 1
+    warm: str = "auto"  # compile ahead with no GPU (tik_evo.warm): auto (on a GPU) | on | off
+    warm_timeout_s: float = 120.0  # a warm pass's limit (it is never a verdict: the audit compiles what is left)
+    warm_capability: list[int] = field(default_factory=list)  # the target to compile for; []: the run's GPU's
     executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks)
     check_procs: int = 0  # processes for the full correctness stage (0: half the CPUs, at most 8; 1: in-worker)
     graph_replay: str = "auto"  # the small cases again from CUDA-graph replays: auto (on a GPU) | on | off
@@ -291,6 +296,12 @@ def _validate(cfg: DictConfig, path: Path) -> None:
         raise ConfigError(f"{path}: key 'correctness.seeds': at least one seed is needed")
     if cfg.evaluate.parallel < 1:
         raise ConfigError(f"{path}: key 'evaluate.parallel': must be at least 1")
+    if cfg.evaluate.in_flight < 1:
+        raise ConfigError(f"{path}: key 'evaluate.in_flight': {cfg.evaluate.in_flight}: must be at least 1")
+    _choice(cfg.evaluate.warm, ("auto", "on", "off"), "evaluate.warm", path)
+    cap = list(cfg.evaluate.warm_capability)
+    if cap and (len(cap) != 2 or any(c < 0 for c in cap)):
+        raise ConfigError(f"{path}: key 'evaluate.warm_capability': {cap}: [major, minor] (e.g. [9, 0]) or []")
     gpus = list(cfg.evaluate.gpus)
     if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
         raise ConfigError(f"{path}: key 'evaluate.gpus': {gpus}: device indices, each at most once")

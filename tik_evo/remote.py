@@ -183,6 +183,7 @@ class RemoteModule:
         # Repeat stage: executed calls logged with their arguments as they were before the call.
         self.log: list[tuple[str, dict[str, Any]]] | None = None
         self.small_log: list[tuple[str, dict[str, Any]]] | None = None  # the small stage's log, kept
+        self.notes = None  # a tik_evo.warm.Notes: the calls made, for later audits' warm passes
 
     def __getattr__(self, name: str):
         fns = self.__dict__.get("_fns", {})
@@ -227,6 +228,11 @@ class RemoteModule:
 
     # -- one call --------------------------------------------------------------------------------------------
     def _call(self, name: str, args: tuple, kwargs: dict) -> Any:
+        if self.notes is not None:
+            try:
+                self.notes.add(name, self.bind(name, args, kwargs), self.signature(name).optional)
+            except TypeError:
+                pass  # a call the entry point cannot take: reported by the call itself below
         if self.recording is not None:
             self.recording.append((name, args, kwargs))
             return None

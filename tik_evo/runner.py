@@ -81,6 +81,10 @@ class Runner:
                 return items if kind == "list" else tuple(items)
             if kind == "dtype":
                 return DTYPES[a["name"]]
+            if kind == "meta":  # a warm pass: shape and dtype only (tik_evo.warm)
+                from tik_evo.compile_only import meta
+
+                return meta(DTYPES[a["dtype"]], a["shape"])
             raise ValueError(f"unknown argument kind {kind!r}")
         return a
 
@@ -187,6 +191,37 @@ class Runner:
         self.sync()
         return {"ok": True}
 
+    def compile_only(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Before `load`, in a runner that sees no GPU: launches compile for this target and run nothing."""
+        from tik_evo import compile_only
+
+        compile_only.install(tuple(msg["capability"]), int(msg.get("warp_size", 32)))
+        self.device = "compile-only"
+        return {"ok": True}
+
+    def warm(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Each call once on meta tensors, compiling what it launches; a call that fails stops only itself."""
+        if self.device != "compile-only":
+            raise RuntimeError("warm: the runner is not in compile-only mode")
+        from concurrent.futures import ThreadPoolExecutor
+
+        from triton.runtime._async_compile import AsyncCompileMode
+
+        done, errors = 0, []
+        # Triton's asynchronous compile mode: each launch queues its compile and the calls go on, so the
+        # kernels of all calls compile at once on `threads` threads (LLVM and ptxas release the GIL).
+        with ThreadPoolExecutor(max(1, int(msg.get("threads", 1)))) as pool, \
+                AsyncCompileMode(pool, ignore_errors=True):
+            for c in msg["calls"]:
+                try:
+                    self.closure(c)()
+                    done += 1
+                except Exception as e:  # noqa: BLE001 - nothing of a warm pass is a verdict
+                    where = traceback.extract_tb(e.__traceback__)[-1]
+                    errors.append(f"{c.get('fn')}: {type(e).__name__}: {e} "
+                                  f"({Path(where.filename).name}:{where.lineno})"[:300])
+        return {"ok": True, "calls": done, "failed": len(errors), "errors": errors[:5]}
+
     def tampered(self) -> list[str]:
         now = _critical()
         return [k for k, v in self.pristine.items() if now.get(k) is not v]
@@ -194,7 +229,8 @@ class Runner:
 
 def _run(r: Runner, msg: dict[str, Any]) -> dict[str, Any]:
     op = msg.get("op")
-    handlers = {"load": r.load, "call": r.call, "replay": r.replay, "plan": r.plan, "time": r.time}
+    handlers = {"load": r.load, "call": r.call, "replay": r.replay, "plan": r.plan, "time": r.time,
+                "compile_only": r.compile_only, "warm": r.warm}
     if op == "empty":
         r.sync()
         return {"ok": True}
@@ -254,6 +290,9 @@ def main(sock_fd: int, device: str, private: Path, mode: str, hide: list[str], c
 
     chan.sock = socket.socket(fileno=sock_fd)
     env = sandbox.scrubbed_env(dict(os.environ), private, cache, cache_read)
+    if device == "compile-only":  # a warm runner (tik_evo.warm): no GPU, Triton compiling rather than interpreting
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env.pop("TRITON_INTERPRET", None)
     try:
         enforced = sandbox.enter(private, mode, device, hide, [cache] if cache else [], cache_read)
     except sandbox.SandboxError as e:

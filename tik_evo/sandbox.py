@@ -172,7 +172,7 @@ def _hide(path: Path, needed: tuple[str, ...], out: Enforced, depth: int) -> Non
         if not inside:
             if path.is_dir():
                 _mount("tmpfs", str(path), "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k")
-            elif path.is_file():
+            elif path.exists():  # a file or a device node (a warm runner's GPU)
                 _mount("/dev/null", str(path), None, MS_BIND)
             else:
                 return

@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,9 +50,10 @@ class Shard:
     log: Path
 
 
-def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path) -> list[Shard]:
+def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path, notes_below: int = 0
+          ) -> list[Shard]:
     """Fork one process per share of ``all_cases``; each starts a runner of its own for the candidate. Call
-    before anything initialises CUDA."""
+    before anything initialises CUDA. ``notes_below``: note the calls of cases below it (tik_evo.warm)."""
     out = []
     for i, cases in enumerate(deal(len(all_cases), shards)):
         result, log = work / f"shard{i}.json", work / f"shard{i}.log"
@@ -61,7 +62,7 @@ def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Pa
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(job, all_cases, cases, result, log)
+            _child(job, all_cases, cases, result, log, notes_below)
         out.append(Shard(pid, cases, result, log))
     return out
 
@@ -91,6 +92,7 @@ class Collected:
     kind: str = ""  # its failure kind
     case: int = 0  # the case it happened in
     type: str = ""  # the exception's type name, if it raised
+    notes: list[dict[str, Any]] = field(default_factory=list)  # calls noted for warm passes (tik_evo.warm)
 
 
 def collect(shards: list[Shard], n_cases: int) -> Collected:
@@ -98,10 +100,12 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
     checks of the cases before it and drops the rest."""
     by_case: dict[int, list[Check]] = {}
     errors: dict[int, tuple[str, str, str]] = {}
+    notes: list[dict[str, Any]] = []
     for s in shards:
         code = _reap(s.pid)
         s.pid = 0
         data = read_json(s.result)
+        notes += [n for n in data.get("notes", []) if isinstance(n, dict)]
         for c, checks in data.get("cases", {}).items():
             by_case[int(c)] = [Check(d["name"], d["passed"], d["kind"], d["details"]) for d in checks]
         if data.get("error"):
@@ -116,15 +120,17 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
     stop_at = min(errors, default=n_cases)
     checks = [c for case in range(min(stop_at, n_cases)) for c in by_case.get(case, [])]
     text, kind, type_ = errors.get(stop_at, ("", "", ""))
-    return Collected(checks, text, kind, stop_at, type_)
+    return Collected(checks, text, kind, stop_at, type_, notes)
 
 
-def _child(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path) -> None:
+def _child(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path,
+           notes_below: int) -> None:
     die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
-    forked_child(log, lambda: run(job, all_cases, cases, result))
+    forked_child(log, lambda: run(job, all_cases, cases, result, notes_below))
 
 
-def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path) -> None:
+def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, notes_below: int = 0
+        ) -> None:
     """A shard's work: its cases at the "full" level, every seed, on a runner of its own; the result file
     rewritten after each case."""
     from tik_evo import sandbox
@@ -143,8 +149,14 @@ def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], resul
         data["error"] = {"case": cases[0], "text": str(e), "kind": error_kind(e), "type": e.type_name}
         _write(result, data)
         return
+    if notes_below:
+        from tik_evo.warm import Notes
+
+        impl.notes = Notes()
     for c in cases:
         checks: list[Check] = []
+        if impl.notes is not None:
+            impl.notes.paused = c >= notes_below
         try:
             for seed in job.seeds:
                 checks += family.run_checks(impl, all_cases[c], seed, job.device)
@@ -158,6 +170,8 @@ def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], resul
         data["cases"][str(c)] = [ch.to_dict() for ch in checks]
         _write(result, data)
     data["done"] = True
+    if impl.notes is not None:
+        data["notes"] = list(impl.notes.calls.values())
     _write(result, data)
     runner.close()
     sandbox.kill_descendants()

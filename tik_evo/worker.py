@@ -11,6 +11,7 @@ of the stages passed. The parent (:mod:`tik_evo.audit`) enforces that timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -20,6 +21,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tik_evo import warm
 from tik_evo.failure import error_kind  # noqa: F401 - shards and tests import it from here
 from tik_evo.worker_io import WorkerJob
 
@@ -95,9 +97,8 @@ def run(job: WorkerJob) -> None:
 
 
 def _stages(job: WorkerJob, res: Result, device: str) -> None:
-    from tik_evo import interp, shards
+    from tik_evo import interp
     from tik_evo.families import load_family
-    from tik_evo.remote import CandidateError, Runner, connect
 
     if device == "cpu":
         interp.install()
@@ -108,10 +109,46 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
     drawn = family.drawn_cases(random.Random(secret.getrandbits(64)))[: 1 if device == "cpu" else None]
     cases = family.check_cases("full") + drawn
     res.data["drawn_cases"] = drawn  # drawn for this audit: recorded so a failure can be reproduced
+    notes_below = _warm_pass(job, opts, res, device, len(cases) - len(drawn))
+    in_flight = int(job.evaluate.get("in_flight", 1))
+    lock = warm.gpu_lock(Path(job.run_dir), res.data.setdefault("gpu_lock", {})) if in_flight > 1 \
+        else contextlib.nullcontext()
+    try:
+        with lock:
+            _judge(job, res, device, family, secret, opts, cases, notes_below)
+    finally:
+        res.flush()  # the lock's release time
+
+
+def _warm_pass(job: WorkerJob, opts: dict[str, Any], res: Result, device: str, n_fixed: int) -> int:
+    """Compile ahead (tik_evo.warm) when the run has the calls to replay; else, when this audit should note
+    them, the number of check cases (the fixed ones) whose calls it notes."""
+    mode = job.evaluate.get("warm", "auto")
+    if mode == "off" or (mode == "auto" and device != "cuda"):
+        return 0
+    manifest = warm.read_manifest(Path(job.run_dir))
+    if manifest is None:
+        return n_fixed
+    capability = job.evaluate.get("warm_capability") or manifest.get("capability")
+    if not capability:
+        res.data["warm"] = {"error": "no compute capability to compile for (evaluate.warm_capability)"}
+    else:
+        threads = min(8, max(1, (os.cpu_count() or 2) // max(1, int(job.evaluate.get("in_flight", 1)))))
+        res.data["warm"] = warm.warm(job.source, manifest["calls"], capability, opts,
+                                     float(job.evaluate.get("warm_timeout_s", 120)), threads)
+    res.flush()
+    return 0
+
+
+def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Random, opts: dict[str, Any],
+           cases: list[dict[str, Any]], notes_below: int) -> None:
+    from tik_evo import shards
+    from tik_evo.remote import CandidateError, Runner, connect
+
     t0 = time.time()
     # Every process that runs candidate code forks now, before this process touches CUDA.
     procs = shards.count(int(job.evaluate.get("check_procs", 0)), len(cases))
-    forked = shards.start(job, cases, procs, Path(job.result_path).parent) if procs > 1 else []
+    forked = shards.start(job, cases, procs, Path(job.result_path).parent, notes_below) if procs > 1 else []
     best = None
     try:
         runner = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
@@ -126,6 +163,8 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
                   else "import")
         return
     res.stage("import", True, t0)
+    if notes_below:
+        impl.notes = warm.Notes()
     res.data["device"] = _device_info(device)
     res.data["device"]["check_procs"] = max(len(forked), 1)
     res.data["secret_seed_draws"] = "os.urandom"
@@ -139,6 +178,9 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
         if level == "full" and forked:
             got = shards.collect(forked, len(cases))
             checks, todo, first = got.checks, todo[got.case:], got.case  # empty unless a shard stopped early
+            if impl.notes is not None:
+                for n in got.notes:
+                    impl.notes.calls.setdefault(json.dumps(n, sort_keys=True), n)
             if got.type in shards.RETRY_IN_WORKER:
                 res.data["device"]["checks_rerun_in_worker_from_case"] = got.case
             elif got.error:
@@ -147,6 +189,8 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
         impl.log = [] if level == "small" else None  # the repeat stage repeats the small stage's first calls
         try:
             for i, case in enumerate(todo, first):
+                if impl.notes is not None:
+                    impl.notes.paused = level == "full" and i >= notes_below  # a drawn case: secret
                 for seed in seed_list:
                     checks += family.run_checks(impl, case, seed, device) + impl.take_checks(f"[case {i} seed {seed}]")
         except Exception as e:
@@ -159,6 +203,8 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
             shards.stop(forked)
             return
 
+    if impl.notes is not None:
+        impl.notes.paused = False  # the graph, repeat and timing stages: public shapes only
     from tik_evo import judge_stages as judged
 
     for name, stage in (("graph", judged.graph_stage), ("repeat", judged.repeat_stage)):
@@ -198,6 +244,9 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
             return
     res.data["done"] = True
     res.flush()
+    if impl.notes is not None:
+        impl.notes.paused = False
+        impl.notes.write(Path(job.run_dir), res.data["device"].get("capability"))
 
 
 def main() -> None:
