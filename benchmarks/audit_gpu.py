@@ -63,7 +63,8 @@ print("RESULT " + json.dumps({
                                             for s in out.stages],
     "measurements": {k: [m["median_s"], m.get("spread"), m.get("timer")] for k, m in out.measurements.items()},
     "best_retimed": {k: m["median_s"] for k, m in out.best_retimed.items()}, "device": out.device,
-    "warm": {k: v for k, v in (out.device.get("warm") or {}).items() if k != "sandbox"}}))
+    "warm": {k: v for k, v in (out.device.get("warm") or {}).items() if k != "sandbox"},
+    "phases": out.device.get("phases"), "engine_seconds": out.seconds}))
 """
 
 EVALUATE = {"timeout_s": 900, "rep_ms": 100, "check_procs": 0, "graph_replay": "auto", "rounds": 5,

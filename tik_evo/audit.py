@@ -170,7 +170,7 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     out.measurements, out.best_retimed, out.device = result.measurements, result.best_retimed, result.device
     if job.device == "cuda":  # which of the run's GPUs: concurrent audits spread over several
         out.device["gpu_index"] = job.gpu_index
-    for key in ("warm", "gpu_lock"):  # the compile-ahead pass and the wait for the GPU (tik_evo.warm)
+    for key in ("warm", "gpu_lock", "phases"):  # compile ahead, the wait for the GPU, time outside stages
         if result.other.get(key):
             out.device[key] = result.other[key]
     out.seconds = time.time() - t_start

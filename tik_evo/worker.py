@@ -163,6 +163,8 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
                   else "import")
         return
     res.stage("import", True, t0)
+    phases = res.data.setdefault("phases", {})  # where an audit's time goes besides its stages
+    phases["runners_and_connect_s"] = time.time() - t0
     if notes_below:
         impl.notes = warm.Notes()
     res.data["device"] = _device_info(device)
@@ -232,12 +234,15 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
     if not res.stage("timing", all(c.passed for c in found), t0, found, kind=_failed_kind(found)):
         return
     if best is not None:
+        t0 = time.time()
         runner.close()
         from tik_evo import sandbox
 
         sandbox.kill_descendants(keep=frozenset({best.pid}))  # nothing of the candidate's runs beside the best
+        phases["close_candidate_s"] = time.time() - t0
         try:
             judged.time_best(family, best, job, res, secret, device)
+            phases["best_retimed_s"] = time.time() - t0 - phases["close_candidate_s"]
         except Exception as e:
             res.stage("best", False, time.time(), error="re-timing the current best failed (not the candidate's "
                       f"doing unless it left something behind):\n{_trace(e)}", kind="infrastructure")
