@@ -36,17 +36,21 @@ def test_probe_keeps_agreeing_calls_and_drops_wrong_or_failing_ones():
     def boom(*_):
         raise TypeError("an API this code does not know")
 
+    def decode_wrong(q, kc, vc, live, lens, scale):  # attends one row too many
+        return decode_fp32(q, kc, vc, live, lens + 1, scale)
+
     ops = VendorOps("cpu", {
         "rmsnorm": counted("rmsnorm", rms_bf16),
         "silu_mul": lambda gate, up: (F.silu(gate.float()) + up.float()).to(gate.dtype),  # + for *: wrong
         "rope": boom,
-        "attention_decode": counted("attention_decode", decode_fp32),
+        "attention_decode": [decode_wrong, counted("attention_decode", decode_fp32)],  # alternatives, in order
     })
     assert set(ops.fast) == {"rmsnorm", "attention_decode"}
     notes = "\n".join(ops.notes)
-    assert "rmsnorm: vendor" in notes and "attention_decode: vendor" in notes
-    assert "silu_mul: torch, the vendor call differs from torch" in notes
-    assert "rope: torch, the vendor call failed: TypeError" in notes
+    assert "rmsnorm (call): vendor" in notes and "attention_decode (call): vendor" in notes
+    assert "attention_decode (decode_wrong): torch, the vendor call differs" in notes
+    assert "silu_mul (<lambda>): torch, the vendor call differs from torch" in notes
+    assert "rope (boom): torch, the vendor call failed: TypeError" in notes
     assert ops.native  # the rest: torch with bf16 matmuls
     # a step of arm A on these ops: the kept calls run in the rollout and the training forwards
     CALLS.clear()

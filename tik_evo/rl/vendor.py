@@ -3,7 +3,8 @@
 `VendorOps` is `TorchOps(native=True)` (bf16 cuBLAS linear layers, `torch._grouped_mm` experts, SDPA) with these
 calls replaced where the replacement imports and passes a probe on this device:
 - attention: torch's varlen flash attention (`torch.nn.attention.varlen`) for the packed prefill and training
-  forward, and for decode over the live sequences' caches (`seqused_k`);
+  forward, and for decode reading every sequence's cache in place (`seqused_k`, finished sequences given no query
+  row), else over a gathered copy of the live sequences' caches;
 - Liger-Kernel: RMSNorm (also per head, for QK norm), fused add + RMSNorm, RoPE, SwiGLU (SiLU-and-mul), and its
   cross-entropy for the log-probs (reduction "none": -log p of each target).
 A probe runs the call and TorchOps' fp32 version on small inputs of this device, forward and backward, and keeps
@@ -74,7 +75,20 @@ def _flash(notes: list[str]) -> dict:
         return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0),
                            enable_gqa=q.shape[1] != k.shape[1])
 
-    def attention_decode(q, k_cache, v_cache, live, lens, scale):
+    def decode_in_place(q, k_cache, v_cache, live, lens, scale):
+        # Every sequence's cache read where it lies ([sequences * capacity] rows), no copy: a finished sequence
+        # gets no query row (an empty sequence in cu_seq_q); `live` is ascending, as the rollout keeps it.
+        b, cap = k_cache.shape[:2]
+        rows = torch.zeros(b + 1, device=q.device, dtype=torch.int32)
+        rows[live + 1] = 1
+        used = torch.zeros(b, device=q.device, dtype=torch.int32)
+        used[live] = lens.to(torch.int32)
+        cu_k = torch.arange(b + 1, device=q.device, dtype=torch.int32) * cap
+        o = varlen_attn(q, k_cache.flatten(0, 1), v_cache.flatten(0, 1), rows.cumsum(0, dtype=torch.int32), cu_k,
+                        1, cap, scale=scale, enable_gqa=q.shape[1] != k_cache.shape[2], seqused_k=used)
+        return o.reshape(q.shape[0], -1)
+
+    def decode_gathered(q, k_cache, v_cache, live, lens, scale):
         n, cap = q.shape[0], k_cache.shape[1]
         kc, vc = (c[live].flatten(0, 1) for c in (k_cache, v_cache))  # the live sequences' caches, packed
         cu_q = torch.arange(n + 1, device=q.device, dtype=torch.int32)
@@ -82,7 +96,7 @@ def _flash(notes: list[str]) -> dict:
                         seqused_k=lens.to(torch.int32))
         return o.reshape(n, -1)
 
-    return {"attention_packed": attention_packed, "attention_decode": attention_decode}
+    return {"attention_packed": attention_packed, "attention_decode": [decode_in_place, decode_gathered]}
 
 
 def _probe_inputs(name: str, device: str):
@@ -150,8 +164,9 @@ def probe(name: str, call, device: str) -> str | None:
 
 
 class VendorOps(TorchOps):
-    """TorchOps(native=True) with the vendor calls that passed their probe (`candidates`: {call name: function},
-    default Liger-Kernel's and torch's varlen flash attention, on a GPU). `notes` records each decision."""
+    """TorchOps(native=True) with the vendor calls that passed their probe (`candidates`: {call name: function or
+    list of alternatives, the first that passes kept}, default Liger-Kernel's and torch's varlen flash attention,
+    on a GPU). `notes` records each decision."""
 
     def __init__(self, device: str, candidates: dict | None = None):
         super().__init__(native=True)
@@ -163,11 +178,14 @@ class VendorOps(TorchOps):
             else:
                 candidates = {**_flash(self.notes), **_liger(self.notes)}
         self.fast = {}
-        for name, call in candidates.items():
-            why = probe(name, call, device)
-            if why is None:
-                self.fast[name] = call
-            self.notes.append(f"{name}: {'vendor' if why is None else 'torch, the vendor call ' + why}")
+        for name, calls in candidates.items():  # a call, or alternatives tried in order
+            for call in calls if isinstance(calls, list) else [calls]:
+                why = probe(name, call, device)
+                label = f"{name} ({getattr(call, '__name__', 'call')})"
+                self.notes.append(f"{label}: {'vendor' if why is None else 'torch, the vendor call ' + why}")
+                if why is None:
+                    self.fast[name] = call
+                    break
         if "attention_decode" not in self.fast:
             self.attention_decode = None  # the rollout's cache then runs SDPA with a length mask
 
