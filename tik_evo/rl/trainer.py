@@ -129,6 +129,7 @@ class GRPOTrainer:
             "times_s": {p: timer.times.get(p, 0.0) for p in PHASES}, "total_s": total,
             "tokens": {"prompt": sum(roll.prompt_lens), "generated": generated},
             "generated_tokens_per_s": generated / total if total else None,
+            "tokens_per_s": (generated + sum(roll.prompt_lens)) / total if total else None,
             "decode_steps": roll.decode_steps,
             "lengths": {"min": min(roll.lengths), "max": max(roll.lengths), "mean": generated / len(roll.lengths)},
             "reward_mean": float(rewards.mean()), "rewards": rewards.tolist(),
