@@ -66,6 +66,9 @@ def markdown(record: dict) -> str:
                      f"| {_fmt(peak, '.2f')} | {_fmt(a['reward_first'])} -> {_fmt(a['reward_last'])} | {ratios} |")
     lines += ["", f"B / A throughput: {_fmt(s.get('B_over_A_throughput'))}; C / A: {_fmt(s.get('C_over_A_throughput'))}"
               " (generated tokens per second of the timed steps).", ""]
+    if record["order"] == "interleaved" and record["timed"]:
+        lines += ["Peaks of interleaved arms include the other arms' weights and optimizer states; compare memory "
+                  "from an `--order sequential` run.", ""]
     for name, arm in record["arms"].items():
         lines.append(f"- {name}: {arm['doc']}. " + "; ".join(arm["notes"]))
     return "\n".join(lines) + "\n"
