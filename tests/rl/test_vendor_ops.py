@@ -1,0 +1,69 @@
+"""Arm A's vendor stack (tik_evo/rl/vendor.py) on the CPU: a vendor call is kept only if its probe agrees with
+torch's fp32 version forward and backward; a wrong or failing one is dropped with a note; the kept calls are the
+ones the loop runs, the rollout's decode attention included."""
+
+import torch
+import torch.nn.functional as F
+
+from tik_evo.rl.arms import ARMS
+from tik_evo.rl.rollout import sdpa_decode
+from tik_evo.rl.shapes import shape
+from tik_evo.rl.task import AdditionTask
+from tik_evo.rl.trainer import GRPOConfig, GRPOTrainer
+from tik_evo.rl.vendor import VendorOps
+from tik_evo_kernels.autograd import TorchOps
+from tik_evo_kernels.moe_decoder import MoEDecoder
+
+CALLS: list[str] = []
+
+
+def counted(name, fn):
+    def call(*args):
+        CALLS.append(name)
+        return fn(*args)
+    return call
+
+
+def rms_bf16(x, w, eps):  # RMSNorm in bf16 arithmetic: not torch's bits, within bf16 accuracy of them
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype) * w
+
+
+def decode_fp32(q, kc, vc, live, lens, scale):
+    return sdpa_decode(q, kc[live], vc[live], lens, scale, torch.float32)
+
+
+def test_probe_keeps_agreeing_calls_and_drops_wrong_or_failing_ones():
+    def boom(*_):
+        raise TypeError("an API this code does not know")
+
+    def decode_wrong(q, kc, vc, live, lens, scale):  # attends one row too many
+        return decode_fp32(q, kc, vc, live, lens + 1, scale)
+
+    ops = VendorOps("cpu", {
+        "rmsnorm": counted("rmsnorm", rms_bf16),
+        "silu_mul": lambda gate, up: (F.silu(gate.float()) + up.float()).to(gate.dtype),  # + for *: wrong
+        "rope": boom,
+        "attention_decode": [decode_wrong, counted("attention_decode", decode_fp32)],  # alternatives, in order
+    })
+    assert set(ops.fast) == {"rmsnorm", "attention_decode"}
+    notes = "\n".join(ops.notes)
+    assert "rmsnorm (call): vendor" in notes and "attention_decode (call): vendor" in notes
+    assert "attention_decode (decode_wrong): torch, the vendor call differs" in notes
+    assert "silu_mul (<lambda>): torch, the vendor call differs from torch" in notes
+    assert "rope (boom): torch, the vendor call failed: TypeError" in notes
+    assert ops.native  # the rest: torch with bf16 matmuls
+    # a step of arm A on these ops: the kept calls run in the rollout and the training forwards
+    CALLS.clear()
+    m = MoEDecoder(shape("tiny", 16), 0, "cpu")
+    cfg = GRPOConfig(prompts=1, group=2, max_new=3, micro_batch=2)
+    rec = GRPOTrainer(m, AdditionTask(digits=1), ARMS["A"], cfg, ops=(ops, ops)).step()
+    assert rec["tokens"]["generated"] > 0
+    assert CALLS.count("attention_decode") == rec["decode_steps"] * m.s.layers
+    # the first layer's input norm, once a forward: the prefill, each decode step, the recompute, the update
+    assert CALLS.count("rmsnorm") == 1 + rec["decode_steps"] + 1 + 1
+    assert VendorOps("cpu").notes == ["not on a GPU: no vendor kernels"] and not VendorOps("cpu").fast
+
+
+def test_without_a_decode_call_the_rollout_uses_sdpa():
+    ops = VendorOps("cpu", {})
+    assert ops.attention_decode is None and isinstance(ops, TorchOps)

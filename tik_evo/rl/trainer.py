@@ -1,0 +1,164 @@
+"""One GRPO step, synchronous (staleness 0): the rollout samples from the weights the last update wrote.
+
+    rollout    prompts (each `group` times) -> completions with temperature, log-probs recorded at sampling
+    other      reward per completion -> group-normalised advantages -> packed micro-batches
+    recompute  (arm A only) old log-probs by a training forward of each micro-batch, no gradient
+    update     per micro-batch: training forward with autograd -> PPO-clip loss (batch token-mean) -> backward;
+               then one AdamW step on fp32 masters, written back into the model's bf16 weights in place
+
+Which log-probs are reused: in this synchronous mode the policy that sampled a batch is the one being updated, so
+the old log-probs are the current policy's log-probs of the sampled tokens. Arm B takes them from the rollout
+(recorded at sampling, on the kernels' decode path): the training forward reproduces them bit for bit, so
+every ratio of the (single) update is exactly 1.0, and the recompute pass is skipped. Arm A recomputes them with a
+training forward (its rollout's differ in some bits); arm C reuses its rollout's anyway. With staleness > 0
+(rollouts from an earlier snapshot, not built yet) the rollout's log-probs are the behaviour policy's, which the
+decoupled objective still needs; the proximal policy's would have to be recomputed by every arm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tik_evo.rl.advantages import group_advantages, token_advantages
+from tik_evo.rl.arms import Arm, arm_ops
+from tik_evo.rl.loss import CLIP, ppo_clip_loss, ratio_stats
+from tik_evo.rl.optim import MasterAdamW, PhaseTimer
+from tik_evo.rl.rollout import Rollout, generate
+from tik_evo.rl.task import AdditionTask, reward
+
+PHASES = ("rollout", "recompute", "update", "other")
+
+
+@dataclass
+class GRPOConfig:
+    prompts: int = 4  # distinct prompts per step
+    group: int = 2  # completions sampled per prompt
+    max_new: int = 8  # longest completion
+    micro_batch: int = 4  # sequences per packed training forward
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    clip: float = CLIP
+    max_grad_norm: float | None = 1.0
+    seed: int = 0
+
+
+class GRPOTrainer:
+    """The loop of one arm on one model (`kernels/moe_decoder.py` MoEDecoder; its temperature is the sampling
+    temperature). `impls` of the model decide the kernels; `ops` overrides the arm's (rollout ops, training ops);
+    `reward_fn(problem, completion token list) -> float` the task's reward (`task.reward` by default)."""
+
+    def __init__(self, model, task: AdditionTask, arm: Arm, cfg: GRPOConfig, ops: tuple | None = None,
+                 reward_fn=reward):
+        self.m, self.task, self.arm, self.cfg, self.reward_fn = model, task, arm, cfg, reward_fn
+        dev = model.device
+        if ops is None:
+            self.rollout_ops, self.train_ops, self.notes = arm_ops(arm, model, dev)
+        else:
+            (self.rollout_ops, self.train_ops), self.notes = ops, ["ops given by the caller"]
+        self.params = model.parameters()
+        self.opt = MasterAdamW(self.params, cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
+        self.problems_gen = torch.Generator().manual_seed(cfg.seed)
+        self.sample_gen = torch.Generator(dev).manual_seed(cfg.seed + 1)
+        self.steps = 0
+        self.last_rollout: Rollout | None = None  # what the latest step sampled (tests and reports read it)
+
+    # -- the phases ------------------------------------------------------------------------------------------
+    def rollout(self) -> tuple[list, Rollout]:
+        cfg = self.cfg
+        problems = [p for p in self.task.sample(cfg.prompts, self.problems_gen) for _ in range(cfg.group)]
+        prompts = [torch.tensor(self.task.prompt(p), dtype=torch.int32, device=self.m.device) for p in problems]
+        return problems, generate(self.m, prompts, cfg.max_new, self.sample_gen, ops=self.rollout_ops)
+
+    def micro_batches(self, n: int) -> list[range]:
+        return [range(lo, min(lo + self.cfg.micro_batch, n)) for lo in range(0, n, self.cfg.micro_batch)]
+
+    def logprobs(self, roll: Rollout, mb: range) -> torch.Tensor:
+        """The training forward of one packed micro-batch: its completions' log-probs, concatenated."""
+        seqs, plens = roll.seqs, roll.prompt_lens
+        return torch.cat(self.m.policy_logprobs([seqs[i] for i in mb], [plens[i] for i in mb], ops=self.train_ops))
+
+    def recompute(self, roll: Rollout, mbs: list[range]) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [self.logprobs(roll, mb) for mb in mbs]
+
+    def update(self, roll: Rollout, mbs: list[range], old: list[torch.Tensor], adv: torch.Tensor) -> dict:
+        n_tokens = sum(roll.lengths)
+        loss_total, ratios = 0.0, []
+        for p in self.params:
+            p.requires_grad_(True)
+        try:
+            for mb, old_mb, adv_mb in zip(mbs, old, adv):
+                loss, ratio = ppo_clip_loss(self.logprobs(roll, mb), old_mb, adv_mb, n_tokens, self.cfg.clip)
+                loss.backward()
+                loss_total += float(loss.detach())
+                ratios.append(ratio)
+        finally:
+            for p in self.params:
+                p.requires_grad_(False)
+        grad_norm = self.opt.step()
+        return {"loss": loss_total, "grad_norm": grad_norm, "ratios": ratios}
+
+    # -- one step --------------------------------------------------------------------------------------------
+    def step(self) -> dict:
+        """One GRPO step; -> its record (per-phase seconds, tokens, rewards, loss, ratio statistics)."""
+        cfg, cuda = self.cfg, torch.device(self.m.device).type == "cuda"
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated() if cuda else 0
+        timer = PhaseTimer(self.m.device)
+        with timer("rollout"):
+            problems, roll = self.rollout()
+        with timer("other"):
+            rewards = torch.tensor([self.reward_fn(p, c.tolist()) for p, c in zip(problems, roll.completions)])
+            adv = token_advantages(group_advantages(rewards, cfg.group), roll.lengths).to(self.m.device)
+            mbs = self.micro_batches(len(problems))
+            adv_mbs = list(adv.split([sum(roll.lengths[i] for i in mb) for mb in mbs]))
+        with timer("recompute"):
+            old = self.recompute(roll, mbs) if self.arm.recompute else \
+                [torch.cat([roll.logprobs[i] for i in mb]) for mb in mbs]
+        with timer("update"):
+            upd = self.update(roll, mbs, old, adv_mbs)
+        self.steps += 1
+        self.last_rollout = roll
+        total = sum(timer.times.values())
+        generated = sum(roll.lengths)
+        return {
+            "step": self.steps, "arm": self.arm.name,
+            "times_s": {p: timer.times.get(p, 0.0) for p in PHASES}, "total_s": total,
+            "tokens": {"prompt": sum(roll.prompt_lens), "generated": generated},
+            "generated_tokens_per_s": generated / total if total else None,
+            "tokens_per_s": (generated + sum(roll.prompt_lens)) / total if total else None,
+            "decode_steps": roll.decode_steps,
+            "lengths": {"min": min(roll.lengths), "max": max(roll.lengths), "mean": generated / len(roll.lengths)},
+            "reward_mean": float(rewards.mean()), "rewards": rewards.tolist(),
+            "loss": upd["loss"], "grad_norm": upd["grad_norm"],
+            "ratio_first_micro_batch": ratio_stats(upd["ratios"][0], cfg.clip),
+            "ratio_all": ratio_stats(torch.cat(upd["ratios"]), cfg.clip),
+            "peak_mem_bytes": torch.cuda.max_memory_allocated() if cuda else None,
+            "resident_mem_bytes": resident if cuda else None,
+        }
+
+    # -- the supervised warm-up ------------------------------------------------------------------------------
+    def supervised_step(self) -> float:
+        """One step of teacher-forced cross-entropy on correct completions (the warm-up before GRPO, so a small
+        model earns rewards at all): -> the mean token loss. Draws from the same problem stream as `step`."""
+        problems = self.task.sample(self.cfg.prompts * self.cfg.group, self.problems_gen)
+        dev = self.m.device
+        prompts = [torch.tensor(self.task.prompt(p), dtype=torch.int32, device=dev) for p in problems]
+        targets = [torch.tensor(self.task.target(p), dtype=torch.int32, device=dev) for p in problems]
+        roll = Rollout(prompts, targets, [torch.zeros(len(t), device=dev) for t in targets], 0)
+        n_tokens, total = sum(roll.lengths), 0.0
+        for p in self.params:
+            p.requires_grad_(True)
+        try:
+            for mb in self.micro_batches(len(problems)):
+                loss = -self.logprobs(roll, mb).sum() / n_tokens
+                loss.backward()
+                total += float(loss.detach())
+        finally:
+            for p in self.params:
+                p.requires_grad_(False)
+        self.opt.step()
+        return total
