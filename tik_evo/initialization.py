@@ -222,7 +222,10 @@ def anchor_gpus(store: Store, cfg: DictConfig, family: Family, device: str, log=
     st = store.state()
     have = st.root_latencies_by_gpu
     slots = audit_slots(cfg.evaluate, device) if slots is None else slots
-    todo = [(slot, gpu) for slot, gpu in enumerate(slots) if str(gpu) not in have]
+    todo: list[tuple[int, int]] = []  # (slot, GPU): each GPU once, however many audits it keeps in flight
+    for slot, gpu in enumerate(slots):
+        if str(gpu) not in have and gpu not in [g for _, g in todo]:
+            todo.append((slot, gpu))
     if not todo:
         return
     root = store.get(st.root)

@@ -306,7 +306,10 @@ def test_the_root_is_timed_on_each_gpu_and_a_gpu_that_fails_it_is_named(tmp_path
     run = tmp_path / "run"
     cfg = load_campaign(run / "config.yaml", [])
     with Store.open_writer(run) as store:
-        anchor_gpus(store, cfg, load_family("rmsnorm"), "cpu", log=lambda m: None, slots=[0, 1])
+        # evaluate.in_flight=2 lists each GPU twice: the root is still timed once on each
+        logged = []
+        anchor_gpus(store, cfg, load_family("rmsnorm"), "cpu", log=logged.append, slots=[0, 0, 1, 1])
+        assert logged[0] == "auditing the root on GPU 0, 1 as well…"
         st = store.state()
         assert set(st["root_latencies_by_gpu"]) == {"0", "1"}
         assert set(st["root_latencies_by_gpu"]["1"]) == set(st["root_latencies"])
