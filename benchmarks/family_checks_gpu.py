@@ -2,7 +2,7 @@
 backward where it has one) on the GPU with the family's root, over two seeds. Writes JSON: checks run, failures.
 The audit runs the same checks on a candidate; this runs them on the roots after a root change.
 
-    PYTHONPATH=$PWD python3 benchmarks/family_checks_gpu.py linear,logprob --out family_checks.json
+    tik-evo bench family-checks linear,logprob --out family_checks.json
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Writes JSON (mismatching log-prob bits per seed, max |difference|, environment).
 --model moe: a Qwen3-30B-A3B-shaped MoE decoder of --layers layers (kernels/moe_decoder.py: every family),
 several sequences of different prompt and answer lengths, packed for training, decoded as one batch.
 
-    PYTHONPATH=$PWD python3 benchmarks/model_consistency_gpu.py --out results/model/consistency.json
+    tik-evo bench model --out results/model/consistency.json
 
 Imports only torch/triton (+ kernels.decoder and the families), so it runs on the bare GPU image.
 """
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,9 +27,7 @@ from tik_evo_kernels.decoder import FAMILIES, Shape, TinyDecoder
 from tik_evo_kernels.files import add_arguments, impls_from_args
 from tik_evo_kernels.moe_decoder import FAMILIES as MOE_FAMILIES
 from tik_evo_kernels.moe_decoder import MoEDecoder, MoEShape
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_peers import linear_grouped as cublas_grouped  # noqa: E402
+from tik_evo_kernels.peers import linear_grouped as cublas_grouped  # noqa: E402
 
 # Prompt and answer lengths of the MoE run's sequences (not multiples of any block or page).
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)
