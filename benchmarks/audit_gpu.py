@@ -210,7 +210,6 @@ def cmd_roots(args) -> dict:
     """Verdicts only (no timing stage), so audits may share the card: --jobs of them run at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    sys.path.insert(0, str(ROOT))
     from tik_evo.families import available, load_family
 
     wanted_fams = available() if args.families == "all" else args.families.split(",")
