@@ -13,16 +13,15 @@ Writes JSON to --out; exits 1 if any row differs, a decode gives NaN or a set di
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 from pathlib import Path
 
 import torch
-import triton
 
 ROOT = Path(__file__).resolve().parents[1]
 from tik_evo.sm90 import load_variant  # noqa: E402
+from tik_evo_bench.common import header  # noqa: E402
 
 SOURCE = ROOT / "kernels" / "attention" / "root.py"
 DOT128 = {"BLOCK_N": 128, "ROW_SUM": "dot", "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
@@ -112,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--sets", default=",".join(KNOB_SETS))
     args = ap.parse_args(argv)
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    report = {**header(),
               "sets": {}}
     bad = 0
     for name in args.sets.split(","):

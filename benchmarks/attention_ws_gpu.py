@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import tempfile
 import time
@@ -23,6 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+from tik_evo_bench.common import header  # noqa: E402
 from tik_evo_kernels.attention import bench  # noqa: E402
 from tik_evo_kernels.attention.family import AttentionFamily  # noqa: E402
 
@@ -170,10 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp())
     tmod, knobs = bench.load_variant(args.variant, bench.VARIANTS[args.variant], tmp)
     variants = {f"ws_{n}": ws_variant(n, bench.VARIANTS[args.variant], tmp) for n in args.ws.split(",")}
-    import triton
 
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    report = {**header(),
               "triton_variant": args.variant, "knobs": knobs, "consistency": {}, "bits_vs_triton": [], "timings": []}
     for name, mod in variants.items():
         r = checks(mod, [0, 1])

@@ -16,16 +16,15 @@ Imports only torch/triton and the linear root (+ the engine's knob file helpers)
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import time
 from functools import partial
 from pathlib import Path
 
 import torch
-import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
+from tik_evo_bench.common import header  # noqa: E402
 from tik_evo_bench.ops_matmul_gpu import load, mismatches, randn  # noqa: E402
 
 EXPERTS, TOP_K = 128, 8
@@ -152,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     impls = {name: load("linear", knobs) for name, knobs in variants.items()}
     root = impls["root"]
     peer = grouped_mm_peer()
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    result = {**header(device=0),
               "experts": EXPERTS, "top_k": TOP_K, "variants": variants, "grouped_mm": peer is not None,
               "cells": [], "skipped": []}
     cells = [("full", t, skew) for t in FULL_TOKENS for skew in (False, True)]

@@ -13,16 +13,15 @@ Imports only torch/triton (+ kernels.decoder and the families), so it runs on th
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-import triton
 
 import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+from tik_evo_bench.common import header  # noqa: E402
 from tik_evo_kernels.decoder import FAMILIES, Shape, TinyDecoder
 from tik_evo_kernels.files import add_arguments, impls_from_args
 from tik_evo_kernels.moe_decoder import FAMILIES as MOE_FAMILIES
@@ -126,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         shape_info, rows = moe_runs(args, impls)
     else:
         shape_info, rows = dense_runs(args, impls)
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    result = {**header(device=0),
               "model": args.model, "shape": shape_info,
               "prompt": args.prompt if args.model == "dense" else None, "attention_set": args.attention_set or "root",
               "control": args.control, "grouped_experts": not args.per_expert,

@@ -12,15 +12,14 @@ Imports only torch/triton (+ the kernels), so it runs on the bare GPU image.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import time
 from pathlib import Path
 
 import torch
-import triton
 
 from tik_evo.graph_replay import graph_rollout, mismatches  # noqa: E402
+from tik_evo_bench.common import header  # noqa: E402
 from tik_evo_bench.model_consistency_gpu import MOE_ANSWERS, MOE_PROMPTS  # noqa: E402
 from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
 from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
@@ -52,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [n for n in names if n not in WIDTHS]:
         ap.error(f"--models: unknown {bad}; choose from {list(WIDTHS)}")
     lens = [p + a for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
-    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    out = {**header(),
            "prompts": list(MOE_PROMPTS), "lens": lens, "runs": [],
            "kernels": replaced}
     ok = True

@@ -6,23 +6,22 @@ Writes JSON.
 
     tik-evo bench model-speed --out model_speed.json
 
-Imports only torch/triton (+ the kernels and model_peers), so it runs on the bare GPU image.
+Imports only torch/triton (+ the kernels and tik_evo_kernels.peers), so it runs on the bare GPU image.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
-import datetime
 import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
-import triton
 
 from tik_evo import launch  # noqa: E402
+from tik_evo_bench.common import header  # noqa: E402
 from tik_evo_kernels.decoder import roots  # noqa: E402
 from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
 from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
@@ -192,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU (the CPU checks of the same model are tests/model/)")
         return 2
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    result = {**header(device=0),
               "attention_set": args.attention_set or "root", "configs": {},
               "kernels": replaced}
     result["host_us_per_call"] = host_us_per_call()
