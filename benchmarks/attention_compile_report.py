@@ -1,7 +1,7 @@
 """Compile the attention kernels for Hopper (sm_90a) on any machine, no GPU needed, and report what the
 compiler did: shared memory, registers, spills, and the wgmma / TMA instructions in the SASS.
 
-    python benchmarks/attention_compile_report.py [--source FILE] [--knobs '{"FULL_KV_LOADS": "tma"}']
+    tik-evo bench attention-compile [--source FILE] [--knobs '{"FULL_KV_LOADS": "tma"}']
         [--paths prefill,prefill_ws]
 
 --knobs may also be a JSON list of knob changes: one report per entry, as a JSON list, from one process (Python
@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import triton
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
+from tik_evo.sm90 import compile_sm90, load_variant  # noqa: E402
 
 ALIGNED = {"Q", "K", "V", "CTX", "O", "O32", "M_WS", "L_WS", "ACC_WS", "ARRIVALS", "S", "S_CAP", "TOTAL_ROWS"}
 PREFILL_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*bf16", "S": "i32",

@@ -2,8 +2,8 @@
 (with --phase prefill: their prefill launches, cells BxS).
 
     ncu --profile-from-start off --section WarpStateStats ... -o REPORT \
-        python3 benchmarks/attention_decode_profile.py run --variants-json F --cells 1x1024,16x8192 --order O.json
-    python3 benchmarks/attention_decode_profile.py summarize --details D.csv --sass S.csv --order O.json --out X.json
+        python3 -m tik_evo.cli bench attention-ncu run --variants-json F --cells 1x1024,16x8192 --order O.json
+    tik-evo bench attention-ncu summarize --details D.csv --sass S.csv --order O.json --out X.json
 
 `run` compiles and runs every (variant, cell) once outside the profiled window, then once more inside it
 (cudaProfilerStart/Stop), so the report holds exactly each one's chunk and merge launches, in the order it writes
@@ -20,22 +20,13 @@ import argparse
 import csv
 import json
 import math
-import sys
 import tempfile
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def run(args: argparse.Namespace) -> None:
-    try:
-        import tik_evo  # noqa: F401
-    except ImportError:  # the GPU image lacks the engine's packages: load only the modules the bench uses
-        pkg = types.ModuleType("tik_evo")
-        pkg.__path__ = [str(ROOT / "tik_evo")]
-        sys.modules["tik_evo"] = pkg
     import torch
 
     from tik_evo_kernels.attention.bench import HKV, HQ, D, load_variant

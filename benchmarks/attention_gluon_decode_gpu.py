@@ -7,24 +7,21 @@ lengths that are not multiples of any block) and a prefill, and counts rows whos
 - the Gluon prefill and the Triton prefill.
 Writes JSON to --out; exits 1 if any row differs, a decode gives NaN or a set did not reach the Gluon decode.
 
-    python3 benchmarks/attention_gluon_decode_gpu.py --out gluon_decode.json
+    tik-evo bench attention-gluon-decode --out gluon_decode.json
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
-import sys
 from pathlib import Path
 
 import torch
-import triton
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.sm90 import load_variant  # noqa: E402
+from tik_evo.sm90 import load_variant  # noqa: E402
+from tik_evo_bench.common import header  # noqa: E402
 
 SOURCE = ROOT / "kernels" / "attention" / "root.py"
 DOT128 = {"BLOCK_N": 128, "ROW_SUM": "dot", "SPLIT_TOKENS": 1024, "FULL_WS_SCHEDULE": "serial",
@@ -109,13 +106,12 @@ def run_set(name: str, knobs: dict) -> dict:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--sets", default=",".join(KNOB_SETS))
-    args = ap.parse_args()
-    report = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    args = ap.parse_args(argv)
+    report = {**header(),
               "sets": {}}
     bad = 0
     for name in args.sets.split(","):

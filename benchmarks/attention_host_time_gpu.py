@@ -1,6 +1,6 @@
 """Host time per attention call on a GPU: how long Python takes to launch one prefill or decode, against torch SDPA.
 
-    python3 benchmarks/attention_host_time_gpu.py [--variants root,hopper_ws_s512] [--seqs 512,1024] --out F.json
+    tik-evo bench attention-host-time [--variants root,hopper_ws_s512] [--seqs 512,1024] --out F.json
 
 Each entry point runs N times back to back on a small shape whose GPU time is far below its host time, then
 synchronises once: wall time / N is the host time per call. CUDA-graph replays of the same call give its GPU
@@ -17,25 +17,16 @@ import io
 import json
 import math
 import pstats
-import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-try:
-    import tik_evo  # noqa: F401
-except ImportError:  # a bare GPU image: load only the engine modules the bench uses
-    pkg = types.ModuleType("tik_evo")
-    pkg.__path__ = [str(ROOT / "tik_evo")]
-    sys.modules["tik_evo"] = pkg
-
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 
+import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
 from tik_evo.timing import graph_replay_us  # noqa: E402
 from tik_evo_kernels.attention.bench import VARIANTS, load_variant  # noqa: E402
 from tik_evo_kernels.attention.bench import eager_us as host_us  # noqa: E402  (calls back to back, one sync)
@@ -72,13 +63,13 @@ def profile_top(fn, n: int, top: int = 14) -> list[str]:
     return [line for line in s.getvalue().splitlines() if line.strip()][-top - 1:]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--variants", default="root,hopper_ws_s512,hopper_bn128_tree_s512")
     ap.add_argument("--seqs", default="512,1024", help="prefill lengths (batch 1)")
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--out", default=None)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)
     scale = 1.0 / math.sqrt(D)

@@ -1,6 +1,6 @@
 """Interleaved A/B of prefill variants against cuDNN SDPA on the grid's prefill and train-forward cells (GPU).
 
-    python benchmarks/attention_prefill_ab.py --variants-json F.json [--cells REGEX] [--rounds 7] --out X.json
+    tik-evo bench attention-ab --variants-json F.json [--cells REGEX] [--rounds 7] --out X.json
 
 Variants that differ by a few percent cannot be told apart by timing them one after another: the GPU's clock
 drifts between implementations by as much (H200 run 54: the same kernel read 0.81 and 0.89x cuDNN in one run).
@@ -19,7 +19,6 @@ import json
 import math
 import re
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
 from tik_evo_kernels.attention import bench  # noqa: E402
 

@@ -1,9 +1,9 @@
 """The audit on a GPU: hostile candidates, zero false rejections, and audit time against an older engine.
 
-    python3 benchmarks/audit_gpu.py adversarial --out F.json     # hostile candidates (rmsnorm, attention)
-    python3 benchmarks/audit_gpu.py roots --out F.json           # every family's root, attention's named sets
-    python3 benchmarks/audit_gpu.py times --old DIR --out F.json  # audit time and timings: this engine vs DIR's
-    python3 benchmarks/audit_gpu.py warm --out F.json            # audits after a compile-ahead pass vs cold
+    tik-evo bench audit adversarial --out F.json     # hostile candidates (rmsnorm, attention)
+    tik-evo bench audit roots --out F.json           # every family's root, attention's named sets
+    tik-evo bench audit times --old DIR --out F.json  # audit time and timings: this engine vs DIR's
+    tik-evo bench audit warm --out F.json            # audits after a compile-ahead pass vs cold
 
 Each audit runs in a fresh interpreter, as `tik-evo audit` runs one, through `run_audit` (the same path a search
 takes). `--old DIR` names a checkout of an earlier engine (its tik_evo/ and kernels/) to time the same audits
@@ -213,7 +213,6 @@ def cmd_roots(args) -> dict:
     """Verdicts only (no timing stage), so audits may share the card: --jobs of them run at once."""
     from concurrent.futures import ThreadPoolExecutor
 
-    sys.path.insert(0, str(ROOT))
     from tik_evo.families import available, load_family
 
     wanted_fams = available() if args.families == "all" else args.families.split(",")

@@ -2,7 +2,7 @@
 cache (compilation included) and again warm, for some knob sets of a family; and the same checks split over
 several processes sharing one cold cache.
 
-    python3 benchmarks/audit_profile_gpu.py --family attention --knobs '{"root": {}}' --procs 1,4 --out F.json
+    tik-evo bench audit-profile --family attention --knobs '{"root": {}}' --procs 1,4 --out F.json
 
 Each measurement runs in a fresh interpreter (Triton reads TRITON_CACHE_DIR at import), as an audit worker
 does. Nothing is timed but the correctness checks: the timing stage's cost is set by the campaign's settings.
@@ -27,7 +27,6 @@ def child(args) -> None:
     t0 = time.time()
     import torch
 
-    sys.path.insert(0, str(ROOT))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":  # a smoke run of this script: the Triton interpreter
         from tik_evo import interp
@@ -60,9 +59,9 @@ def child(args) -> None:
 def spawn(family: str, knobs: dict, tasks: list[str], cache: str) -> subprocess.Popen:
     env = {**os.environ, "TRITON_CACHE_DIR": cache, **({} if _cuda() else {"TRITON_INTERPRET": "1"}),
            "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    return subprocess.Popen([sys.executable, __file__, "--child", "--family", family, "--child-knobs",
-                             json.dumps(knobs), "--tasks", ",".join(tasks)], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "tik_evo.cli", "bench", "audit-profile", "--child", "--family",
+                             family, "--child-knobs", json.dumps(knobs), "--tasks", ",".join(tasks)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _cuda() -> bool:
@@ -84,7 +83,7 @@ def collect(procs: list[subprocess.Popen]) -> tuple[list[dict], list[dict], list
     return tasks, totals, errors
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--family", default="attention")
     ap.add_argument("--knobs", default='{"root": {}}', help="JSON {name: knob changes}, or a file of it")
@@ -94,12 +93,11 @@ def main() -> int:
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--child-knobs", default="{}")
     ap.add_argument("--tasks", default="")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         child(args)
         return 0
 
-    sys.path.insert(0, str(ROOT))
     import torch
     import triton
 

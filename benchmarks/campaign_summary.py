@@ -1,8 +1,12 @@
 """Summarise a finished run directory as a results file: root vs best per workload, checks passed,
-engine overhead per step, environment. Usage: python benchmarks/campaign_summary.py RUN_DIR OUT.json"""
+engine overhead per step, environment, as OUT.json and OUT.md.
+
+    tik-evo bench campaign-summary RUN_DIR OUT.json
+"""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import statistics
@@ -69,8 +73,17 @@ def markdown(s: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    summary = summarise(Path(sys.argv[1]))
-    Path(sys.argv[2]).write_text(json.dumps(summary, indent=1))
-    Path(sys.argv[2]).with_suffix(".md").write_text(markdown(summary))
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("out", type=Path, help="the JSON summary (the Markdown table beside it, .md)")
+    args = ap.parse_args(argv)
+    summary = summarise(args.run_dir)
+    args.out.write_text(json.dumps(summary, indent=1))
+    args.out.with_suffix(".md").write_text(markdown(summary))
     print(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -6,7 +6,7 @@
 2. The same campaign run with one GPU and with all of them, to the same evaluation budget: wall time, audits
    per minute, the speed-up found.
 
-Usage (a machine with 2+ GPUs): python benchmarks/concurrent_audits_gpu.py campaigns/h200_rmsnorm.yaml \
+Usage (a machine with 2+ GPUs): tik-evo bench concurrent-audits campaigns/h200_rmsnorm.yaml \
     --evals 16 --out results/engine/concurrent_audits.json
 Without a GPU, --interpret runs the same steps under the interpreter (evaluate.parallel) as a smoke test.
 """
@@ -29,7 +29,6 @@ import triton
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from tik_evo.audit import AuditJob, run_audit  # noqa: E402
 from tik_evo.config import load_campaign  # noqa: E402

@@ -1,7 +1,7 @@
 """The engine's own time per step (store + scheduler + lineage, without the operator and the audit) over a long
 run, with the audit replaced by a synthetic one: a host-side figure, measured on whatever machine runs it.
 
-    python3 benchmarks/engine_overhead.py --campaign campaigns/h200_attention.yaml --offspring 200 --out F.json
+    tik-evo bench engine-overhead --campaign campaigns/h200_attention.yaml --offspring 200 --out F.json
 
 The synthetic audit verifies every offspring at once and times each workload as the root's time scaled by a fixed
 pseudo-random factor per (knob, value), so the search sees a landscape with promotions, limits and repeats, and
@@ -48,13 +48,13 @@ def synthetic_audit(run_dir, job, static=None) -> AuditOutcome:
                         device={"gpu": "synthetic"}, passed=True, seconds=time.perf_counter() - t0)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--campaign", default="campaigns/h200_attention.yaml")
     ap.add_argument("--offspring", type=int, default=200)
     ap.add_argument("--out", required=True)
     ap.add_argument("overrides", nargs="*")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     initialization.run_audit = loop.run_audit = synthetic_audit
     run_dir = Path(tempfile.mkdtemp(prefix="tik_evo_overhead_")) / "run"
     cfg = load_campaign(args.campaign, [f"store.path={run_dir}", "gpu.name=any", "device=interpreter",

@@ -2,22 +2,21 @@
 backward where it has one) on the GPU with the family's root, over two seeds. Writes JSON: checks run, failures.
 The audit runs the same checks on a candidate; this runs them on the roots after a root change.
 
-    PYTHONPATH=$PWD python3 benchmarks/family_checks_gpu.py linear,logprob --out family_checks.json
+    tik-evo bench family-checks linear,logprob --out family_checks.json
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
 import json
 import time
 from pathlib import Path
 
 import torch
-import triton
 
 import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+from tik_evo_bench.common import header
 from tik_evo_kernels.decoder import roots
 
 
@@ -65,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     names = args.families.split(",")
     impls = roots(tuple(names))
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    result = {**header(device=0),
               "families": {}}
     for name in names:
         fam = importlib.import_module(f"tik_evo_kernels.{name}").FAMILY

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_rowsum_split | attention_gluon_decode), each under its own
-# time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can.
+# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_gluon_decode), each under its own
+# time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can. Each step
+# runs a `tik-evo bench` suite as `python3 -m tik_evo.cli bench NAME` (PYTHONPATH=$PWD: importing tik_evo maps
+# tik_evo_bench and tik_evo_kernels to benchmarks/ and kernels/).
 set -u
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -24,7 +26,7 @@ campaign() {
     python3 -m tik_evo.cli status $run | tail -20
     python3 -m tik_evo.cli lineage $run > "$OUT/${name}_lineage.txt" 2>&1
     python3 -m tik_evo.cli export $run -o "$OUT/${name}_export.jsonl" && gzip -f "$OUT/${name}_export.jsonl"
-    python3 benchmarks/campaign_summary.py $run "$OUT/${name}.json" 2>&1 | tail -3
+    python3 -m tik_evo.cli bench campaign-summary $run "$OUT/${name}.json" 2>&1 | tail -3
     [ $(( $(date +%s) - t0 )) -gt 120 ] && break
   done
 }
@@ -34,18 +36,18 @@ while [ $# -gt 0 ]; do
   echo "== $step $(date -u +%T)"  # step start times: what a later call can fit in its limit
   case $step in
     attention) v=$1; shift  # ATTN_ARGS passes more flags (e.g. "--grid --decode-only")
-      timeout $(( ${ATTN_BUDGET_S:-330} + 50 )) python3 benchmarks/attention_gpu.py --variants-json "$v" \
+      timeout $(( ${ATTN_BUDGET_S:-330} + 50 )) python3 -m tik_evo.cli bench attention --variants-json "$v" \
         --budget-s ${ATTN_BUDGET_S:-330} ${ATTN_CHECK:+--check-variants $ATTN_CHECK} ${ATTN_ARGS:-} \
         --out "$OUT/attention_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
     attention_ab) v=$1; shift  # prefill variants against cuDNN, graphs replayed in interleaved rounds (AB_CELLS regex)
-      timeout $(( ${AB_BUDGET_S:-400} + 120 )) python3 benchmarks/attention_prefill_ab.py --variants-json "$v" \
+      timeout $(( ${AB_BUDGET_S:-400} + 120 )) python3 -m tik_evo.cli bench attention-ab --variants-json "$v" \
         --cells "${AB_CELLS:-}" --rounds ${AB_ROUNDS:-7} --budget-s ${AB_BUDGET_S:-400} \
         --out "$OUT/attention_ab_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
     attention_ncu) v=$1; cells=$2; shift 2  # decode launches of some variants under Nsight Compute
       rep=/tmp/decode_ncu; order="$OUT/decode_ncu_order.json"
       timeout 300 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-        --section SourceCounters -f -o $rep python3 benchmarks/attention_decode_profile.py run \
+        --section SourceCounters -f -o $rep python3 -m tik_evo.cli bench attention-ncu run \
         --variants-json "$v" --cells "$cells" --order "$order" 2>&1 | tail -12
       ncu --import $rep.ncu-rep --page details --csv > /tmp/decode_ncu_details.csv 2>/dev/null
       : > /tmp/decode_ncu_sass.csv
@@ -55,7 +57,7 @@ while [ $# -gt 0 ]; do
         ncu --import $rep.ncu-rep --page source --csv --print-source sass -k regex:^_decode_kernel \
           --launch-skip $i --launch-count 1 >> /tmp/decode_ncu_sass.csv 2>&1
       done
-      python3 benchmarks/attention_decode_profile.py summarize --details /tmp/decode_ncu_details.csv \
+      python3 -m tik_evo.cli bench attention-ncu summarize --details /tmp/decode_ncu_details.csv \
         --sass /tmp/decode_ncu_sass.csv --order "$order" --out "$OUT/decode_ncu.json" 2>&1 | tail -5
       gzip -c /tmp/decode_ncu_details.csv > "$OUT/decode_ncu_details.csv.gz"
       gzip -c /tmp/decode_ncu_sass.csv > "$OUT/decode_ncu_sass.csv.gz" ;;
@@ -64,7 +66,7 @@ while [ $# -gt 0 ]; do
       timeout ${NCU_TIMEOUT_S:-300} ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
         --section LaunchStats --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
         --section SourceCounters --metrics sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active \
-        -f -o $rep python3 benchmarks/attention_decode_profile.py run --phase prefill ${NCU_CUDNN:+--cudnn} \
+        -f -o $rep python3 -m tik_evo.cli bench attention-ncu run --phase prefill ${NCU_CUDNN:+--cudnn} \
         --variants-json "$v" --cells "$cells" --order "$order" 2>&1 | tail -12
       ncu --import $rep.ncu-rep --page details --csv > /tmp/prefill_ncu_details.csv 2>/dev/null
       : > /tmp/prefill_ncu_sass.csv  # per launch of ours, the SASS with its stall samples (the peer's is closed)
@@ -75,7 +77,7 @@ while [ $# -gt 0 ]; do
           --launch-skip $i --launch-count 1 >> /tmp/prefill_ncu_sass.csv 2>&1
         i=$(( i + 1 ))
       done
-      python3 benchmarks/attention_decode_profile.py summarize --details /tmp/prefill_ncu_details.csv \
+      python3 -m tik_evo.cli bench attention-ncu summarize --details /tmp/prefill_ncu_details.csv \
         --sass /tmp/prefill_ncu_sass.csv --order "$order" --kernel prefill_kernel --out "$OUT/prefill_ncu.json" 2>&1 | tail -5
       gzip -c /tmp/prefill_ncu_details.csv > "$OUT/prefill_ncu_details.csv.gz"
       gzip -c /tmp/prefill_ncu_sass.csv > "$OUT/prefill_ncu_sass.csv.gz" ;;
@@ -84,82 +86,82 @@ while [ $# -gt 0 ]; do
       timeout ${NCU_TIMEOUT_S:-300} ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
         --metrics lts__t_bytes.sum,dram__bytes_read.sum,l1tex__m_xbar2l1tex_read_bytes.sum \
-        -f -o $rep python3 benchmarks/linear_profile.py run --variants-json "$v" --cells "$cells" --order "$order" \
+        -f -o $rep python3 -m tik_evo.cli bench linear-ncu run --variants-json "$v" --cells "$cells" --order "$order" \
         2>&1 | tail -12
       ncu --import $rep.ncu-rep --page details --csv > /tmp/linear_ncu_details.csv 2>/dev/null
-      python3 benchmarks/linear_profile.py summarize --details /tmp/linear_ncu_details.csv --order "$order" \
+      python3 -m tik_evo.cli bench linear-ncu summarize --details /tmp/linear_ncu_details.csv --order "$order" \
         --out "$OUT/linear_ncu.json" 2>&1 | tail -5
       gzip -c /tmp/linear_ncu_details.csv > "$OUT/linear_ncu_details.csv.gz" ;;
-    attention_grid)  # every cell of the paper grid, root and the Hopper variants (variants/attention_grid.json), with per-phase geomeans
-      timeout 580 python3 benchmarks/attention_gpu.py --grid --variants-json benchmarks/variants/attention_grid.json \
+    attention_grid)  # every cell of the paper grid, root and three Hopper named sets, with per-phase geomeans
+      timeout 580 python3 -m tik_evo.cli bench attention --grid --variants root,hopper,hopper_s512_auto,hopper_rowdot_dtile16 \
         --check-variants hopper --budget-s 540 --out "$OUT/attention_grid.json" 2>&1 | tail -70 ;;
     attention_full)
-      timeout 540 python3 benchmarks/attention_gpu.py --budget-s 500 --out "$OUT/attention_full.json" 2>&1 | tail -40 ;;
+      timeout 540 python3 -m tik_evo.cli bench attention --budget-s 500 --out "$OUT/attention_full.json" 2>&1 | tail -40 ;;
     attention_ws)  # the warp-specialised Gluon prefill: a smoke launch first (a hang must not eat the call),
       # then its bitwise checks and the grid's prefill/train cells against the Triton prefill and cuDNN
-      timeout 300 python3 benchmarks/attention_ws_smoke.py 2>&1 | tail -12
+      timeout 300 python3 -m tik_evo.cli bench attention-ws --smoke 2>&1 | tail -12
       if [ "${PIPESTATUS[0]}" = 0 ]; then
-        timeout $(( ${ATTN_BUDGET_S:-330} + 60 )) python3 benchmarks/attention_ws_gpu.py --budget-s ${ATTN_BUDGET_S:-330} \
+        timeout $(( ${ATTN_BUDGET_S:-330} + 60 )) python3 -m tik_evo.cli bench attention-ws --budget-s ${ATTN_BUDGET_S:-330} \
           ${WS_ARGS:-} --out "$OUT/attention_ws.json" 2>&1 | tail -60
       fi ;;
     model)
-      timeout 150 python3 benchmarks/model_consistency_gpu.py ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
+      timeout 150 python3 -m tik_evo.cli bench model ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
         --out "$OUT/model_consistency${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" 2>&1 | tail -15 ;;
     model_moe)  # every family in a Qwen3-30B-A3B-shaped MoE decoder, batched rollout vs packed training (MOE_LAYERS)
-      timeout 420 python3 benchmarks/model_consistency_gpu.py --model moe --layers ${MOE_LAYERS:-4} --seeds 2 \
+      timeout 420 python3 -m tik_evo.cli bench model --model moe --layers ${MOE_LAYERS:-4} --seeds 2 \
         ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} ${MODEL_CONTROL:+--control $MODEL_CONTROL} \
         ${MOE_PER_EXPERT:+--per-expert} \
         --out "$OUT/model_consistency_moe${MOE_LAYERS:+_l$MOE_LAYERS}${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}${MODEL_CONTROL:+_$MODEL_CONTROL}${MOE_PER_EXPERT:+_per_expert}.json" \
         2>&1 | tail -15 ;;
     model_graphs)  # the rollout with every family call replayed from a CUDA graph: replays == eager, log-probs == training
-      timeout 400 python3 benchmarks/model_graphs_gpu.py ${MODEL_GRAPHS_ARGS:-} --out "$OUT/model_graphs.json" 2>&1 | tail -40 ;;
+      timeout 400 python3 -m tik_evo.cli bench model-graphs ${MODEL_GRAPHS_ARGS:-} --out "$OUT/model_graphs.json" 2>&1 | tail -40 ;;
     concurrent) c=$1; shift  # the root on every GPU (timing spread), then the campaign on one GPU and on all (2+ GPUs)
-      timeout 560 python3 benchmarks/concurrent_audits_gpu.py "$c" --evals ${CONCURRENT_EVALS:-16} --timeout-s 250 \
+      timeout 560 python3 -m tik_evo.cli bench concurrent-audits "$c" --evals ${CONCURRENT_EVALS:-16} --timeout-s 250 \
         --out "$OUT/concurrent_audits_$(basename "$c" .yaml).json" 2>&1 | tail -20 ;;
     policy)  # the policy update: bits vs training and rollout, gradients vs fp32 torch, step time vs the torch trainer
-      timeout 500 python3 benchmarks/policy_gpu.py ${POLICY_ARGS:-} --out "$OUT/policy.json" 2>&1 | tail -20 ;;
+      timeout 500 python3 -m tik_evo.cli bench policy ${POLICY_ARGS:-} --out "$OUT/policy.json" 2>&1 | tail -20 ;;
     policy_attention_ab)  # the policy step (MoE model) with the packed attention's backward each way, on one card
       for ab in sdpa_per_sequence varlen_flash; do
-        timeout 240 python3 benchmarks/policy_gpu.py --configs qwen3-30b-a3b.moe --matmul-backward vendor \
+        timeout 240 python3 -m tik_evo.cli bench policy --configs qwen3-30b-a3b.moe --matmul-backward vendor \
           --attention-backward $ab --reps ${POLICY_REPS:-7} --out "$OUT/policy_attention_$ab.json" 2>&1 \
           | grep "policy step\|kernel time" | cut -c1-600
       done ;;
     norm_backward)  # RMSNorm's backward kernel: its schedules at the policy step's shapes against a copy
-      timeout 300 python3 benchmarks/norm_backward_gpu.py --out "$OUT/norm_backward.json" 2>&1 | tail -8 ;;
+      timeout 300 python3 -m tik_evo.cli bench norm-backward --out "$OUT/norm_backward.json" 2>&1 | tail -8 ;;
     policy_glue)  # the policy step's glue kernels (MoE combine, dispatch, embedding backward, packed attention) vs the torch they replaced
-      timeout 200 python3 benchmarks/policy_glue_gpu.py --out "$OUT/policy_glue.json" 2>&1 | tail -12 ;;
+      timeout 200 python3 -m tik_evo.cli bench policy-glue --out "$OUT/policy_glue.json" 2>&1 | tail -12 ;;
     knob_moves) f=$1; shift  # every one-knob move of the roots of FAMILIES (or all) through the families' checks
-      timeout $(( ${MOVES_BUDGET_S:-400} + 60 )) python3 benchmarks/knob_moves_gpu.py "$f" --workers ${MOVES_WORKERS:-12} \
+      timeout $(( ${MOVES_BUDGET_S:-400} + 60 )) python3 -m tik_evo.cli bench knob-moves "$f" --workers ${MOVES_WORKERS:-12} \
         --budget-s ${MOVES_BUDGET_S:-400} --out "$OUT/knob_moves_$(echo "$f" | tr , _).json" 2>&1 | tail -40 ;;
     family_checks) f=$1; shift  # the families' own checks (as the audit runs them) on their roots
-      timeout 400 python3 benchmarks/family_checks_gpu.py "$f" ${FAMILY_CHECKS_LARGE:+--large} ${FAMILY_CHECKS_GRAPHS:+--graphs} --out "$OUT/family_checks_$(echo "$f" | tr , _).json" 2>&1 | tail -30 ;;
+      timeout 400 python3 -m tik_evo.cli bench family-checks "$f" ${FAMILY_CHECKS_LARGE:+--large} ${FAMILY_CHECKS_GRAPHS:+--graphs} --out "$OUT/family_checks_$(echo "$f" | tr , _).json" 2>&1 | tail -30 ;;
     linear_backward)  # the dense linear backward (dedicated kernel, its tiles, transposed forward) vs cuBLAS
-      timeout 460 python3 benchmarks/linear_backward_gpu.py --budget-s 400 --out "$OUT/linear_backward.json" 2>&1 | tail -12 ;;
+      timeout 460 python3 -m tik_evo.cli bench linear-backward --budget-s 400 --out "$OUT/linear_backward.json" 2>&1 | tail -12 ;;
     linear_grouped)  # the experts' grouped launches (+ LINEAR_GROUPED_VARIANTS json) vs torch._grouped_mm / cuBLAS loop
-      timeout 480 python3 benchmarks/linear_grouped_gpu.py ${LINEAR_GROUPED_VARIANTS:+--variants-json $LINEAR_GROUPED_VARIANTS} ${LINEAR_GROUPED_ARGS:-} \
+      timeout 480 python3 -m tik_evo.cli bench linear-grouped ${LINEAR_GROUPED_VARIANTS:+--variants-json $LINEAR_GROUPED_VARIANTS} ${LINEAR_GROUPED_ARGS:-} \
         --budget-s ${LINEAR_GROUPED_BUDGET_S:-400} --out "$OUT/linear_grouped.json" 2>&1 | tail -40 ;;
     model_speed)  # the training forward of the model on the unified kernels against cuBLAS / SDPA / torch ops
-      timeout 300 python3 benchmarks/model_speed_gpu.py ${MODEL_SPEED_CONFIGS:+--configs $MODEL_SPEED_CONFIGS} ${MODEL_SPEED_ARGS:-} \
+      timeout 300 python3 -m tik_evo.cli bench model-speed ${MODEL_SPEED_CONFIGS:+--configs $MODEL_SPEED_CONFIGS} ${MODEL_SPEED_ARGS:-} \
         ${MODEL_ATTENTION_SET:+--attention-set $MODEL_ATTENTION_SET} \
         --out "$OUT/model_speed${MODEL_ATTENTION_SET:+_$MODEL_ATTENTION_SET}.json" 2>&1 | tail -34 ;;
     rowwise_sweep)
-      timeout ${SWEEP_S:-150} python3 benchmarks/ops_rowwise_gpu.py --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
+      timeout ${SWEEP_S:-150} python3 -m tik_evo.cli bench ops-rowwise --sweep ${ROWWISE_FAMILIES:+--families $ROWWISE_FAMILIES} \
         --out "$OUT" 2>&1 | tail -30 ;;
     linear_variants) v=$1; shift  # linear decode variants vs cuBLAS, each bit-checked against the full path
-      timeout 230 python3 benchmarks/ops_matmul_gpu.py --linear-variants "$v" --budget-s 170 --linear-full-ms 4096 16384 \
+      timeout 230 python3 -m tik_evo.cli bench ops-matmul --linear-variants "$v" --budget-s 170 --linear-full-ms 4096 16384 \
         --out "$OUT/linear_$(basename "$v" .json).json" 2>&1 | tail -45 ;;
     linear_full_ab) v=$1; shift  # full-path variants vs cuBLAS, interleaved over 5 repeats (median per cell; LINEAR_AB_MS="4096 16384")
-      timeout 300 python3 benchmarks/ops_matmul_gpu.py --linear-full-ab "$v" --repeats ${LINEAR_AB_REPEATS:-5} --budget-s 240 \
+      timeout 300 python3 -m tik_evo.cli bench ops-matmul --linear-full-ab "$v" --repeats ${LINEAR_AB_REPEATS:-5} --budget-s 240 \
         ${LINEAR_AB_MS:+--full-ab-ms $LINEAR_AB_MS} \
         --out "$OUT/linear_ab_$(basename "$v" .json).json" 2>&1 | grep -v "^linear  " | tail -20 ;;
     matmul) f=$1; shift  # the matmul suite for some of linear,logprob,moe_routing, without torch.compile
-      timeout 300 python3 benchmarks/ops_matmul_gpu.py --families "$f" --compile-logprob --compile-routing \
+      timeout 300 python3 -m tik_evo.cli bench ops-matmul --families "$f" --compile-logprob --compile-routing \
         --budget-s 200 --out "$OUT/matmul_$(echo "$f" | tr , _).json" 2>&1 | tail -45 ;;
     routing_variants) v=$1; shift  # a moe_routing sweep from a JSON list of knob changes, each bit-checked first
-      timeout 240 python3 benchmarks/ops_matmul_gpu.py --families moe_routing --compile-routing \
+      timeout 240 python3 -m tik_evo.cli bench ops-matmul --families moe_routing --compile-routing \
         --routing-variants "$v" --budget-s 200 --out "$OUT/routing_$(basename "$v" .json).json" 2>&1 | tail -40 ;;
     rowwise) f=$1; shift  # row-wise families' checks and peers; OPS_KNOBS='{"family": {knob: value}}' changes the root; ROWWISE_ROUNDS=N interleaved rounds; ROWWISE_EXTRAS='{"family": {"label": "file.py"}}' times kernel files beside the root
-      timeout 300 python3 benchmarks/ops_rowwise_gpu.py --families "$f" ${OPS_KNOBS:+--knobs "$OPS_KNOBS"} \
+      timeout 300 python3 -m tik_evo.cli bench ops-rowwise --families "$f" ${OPS_KNOBS:+--knobs "$OPS_KNOBS"} \
         ${ROWWISE_EXTRAS:+--extras "$ROWWISE_EXTRAS"} \
         ${ROWWISE_ROUNDS:+--rounds $ROWWISE_ROUNDS} --out "$OUT" 2>&1 | tail -40 ;;
     rowwise_ncu) c=$1; shift  # our row-wise kernels against Liger's launch by launch under ncu (cells family:workload,...), caches flushed and not; ROWWISE_EXTRAS as for rowwise
@@ -167,23 +169,21 @@ while [ $# -gt 0 ]; do
         rep=/tmp/rowwise_ncu_$cc; order="$OUT/rowwise_ncu_order_$cc.json"
         timeout 240 ncu --profile-from-start off --cache-control $cc --clock-control base \
           --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum -f -o $rep \
-          python3 benchmarks/rowwise_ncu.py run --cells "$c" --reps ${NCU_REPS:-7} ${ROWWISE_EXTRAS:+--extras "$ROWWISE_EXTRAS"} \
+          python3 -m tik_evo.cli bench rowwise-ncu run --cells "$c" --reps ${NCU_REPS:-7} ${ROWWISE_EXTRAS:+--extras "$ROWWISE_EXTRAS"} \
           --order "$order" 2>&1 | tail -4
         ncu --import $rep.ncu-rep --page raw --csv --print-units base > /tmp/rowwise_ncu_$cc.csv 2>/dev/null
-        python3 benchmarks/rowwise_ncu.py summarize --csv /tmp/rowwise_ncu_$cc.csv --order "$order" --cache $cc \
+        python3 -m tik_evo.cli bench rowwise-ncu summarize --csv /tmp/rowwise_ncu_$cc.csv --order "$order" --cache $cc \
           --out "$OUT/rowwise_ncu_$cc.json" 2>&1 | tail -12
       done ;;
     ops) f=$1; shift  # OPS_ARGS passes more flags, e.g. "--kernel moe_routing=/tmp/routing.py --best RUN_DIR"
-      timeout 300 python3 benchmarks/ops_gpu.py --families "$f" ${OPS_ARGS:-} --out "$OUT" 2>&1 | tail -40 ;;
+      timeout 300 python3 -m tik_evo.cli bench ops --families "$f" ${OPS_ARGS:-} --out "$OUT" 2>&1 | tail -40 ;;
     audit_profile) f=$1; k=$2; shift 2  # an audit's check stages per case: cold/warm Triton cache, split over processes
-      timeout ${AUDIT_PROFILE_S:-300} python3 benchmarks/audit_profile_gpu.py --family "$f" --knobs "$k" \
+      timeout ${AUDIT_PROFILE_S:-300} python3 -m tik_evo.cli bench audit-profile --family "$f" --knobs "$k" \
         --procs ${AUDIT_PROCS:-1,4} --out "$OUT/audit_profile_$f.json" 2>&1 | tail -12 ;;
     attention_host)  # host time per prefill/decode call against SDPA, with profiles
-      timeout 300 python3 benchmarks/attention_host_time_gpu.py ${HOST_ARGS:-} --out "$OUT/attention_host_time.json" 2>&1 | tail -60 ;;
-    attention_rowsum_split)  # whether a 128-key softmax step splits into 64-key halves bit for bit
-      timeout 200 python3 benchmarks/attention_rowsum_split_gpu.py --out "$OUT/attention_rowsum_split.json" 2>&1 | tail -20 ;;
+      timeout 300 python3 -m tik_evo.cli bench attention-host-time ${HOST_ARGS:-} --out "$OUT/attention_host_time.json" 2>&1 | tail -60 ;;
     attention_gluon_decode)  # the Gluon decode / prefill against Triton, bit for bit (a quick gate; GLUON_DECODE_SETS picks knob sets)
-      timeout 150 python3 benchmarks/attention_gluon_decode_gpu.py ${GLUON_DECODE_SETS:+--sets $GLUON_DECODE_SETS} --out "$OUT/attention_gluon_decode.json" 2>&1 | tail -30 ;;
+      timeout 150 python3 -m tik_evo.cli bench attention-gluon-decode ${GLUON_DECODE_SETS:+--sets $GLUON_DECODE_SETS} --out "$OUT/attention_gluon_decode.json" 2>&1 | tail -30 ;;
     attention_packed)  # the grid's packed training batches: prefill_packed (root, hopper set) vs torch's varlen flash
       timeout 240 python3 -m tik_evo.cli bench attention --variants root,hopper --cells train_packed --check-variants '' \
         --budget-s 200 --out "$OUT/attention_packed.json" 2>&1 | tail -12 ;;

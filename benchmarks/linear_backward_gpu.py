@@ -1,5 +1,5 @@
 """The dense linear backward (dX = dY @ W, dW = dY^T @ X) of the linear root against cuBLAS, at the projections of
-the policy update's models (benchmarks/policy_gpu.py: Qwen3-4B dense and Qwen3-30B-A3B's attention, router and
+the policy update's models (tik-evo bench policy: Qwen3-4B dense and Qwen3-30B-A3B's attention, router and
 lm_head; 8192 tokens, 4096 scored at the lm_head).
 
 Implementations, each timed on every projection (dX and dW launches together, do_bench median with L2 flushed):
@@ -10,8 +10,8 @@ Implementations, each timed on every projection (dX and dW launches together, do
 Backward has no bitwise contract: each implementation's dX and dW are compared with cuBLAS's fp32-accumulated
 result by relative L2. Writes JSON.
 
-    PYTHONPATH=$PWD python3 benchmarks/linear_backward_gpu.py --out linear_backward.json
-    python3 benchmarks/linear_backward_gpu.py --smoke --out x.json   # tiny shapes under the CPU interpreter
+    tik-evo bench linear-backward --out linear_backward.json
+    tik-evo bench linear-backward --smoke --out x.json   # tiny shapes under the CPU interpreter
 
 Imports only torch/triton and the linear root, so it runs on the bare GPU image.
 """
@@ -33,7 +33,6 @@ if "--smoke" in sys.argv:  # before triton is imported
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
 import tik_evo_kernels.linear.root as root  # noqa: E402
 

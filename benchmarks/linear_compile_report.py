@@ -1,7 +1,7 @@
 """Compile the linear kernel's decode (and full) launch for Hopper (sm_90a) on any machine, no GPU needed, and
 report shared memory, registers, spills and the wgmma / TMA instructions, for the root or knob variants.
 
-    python benchmarks/linear_compile_report.py [--knobs '{"DECODE_K_UNROLL": 4}'] [--variants FILE] [--m 1]
+    tik-evo bench linear-compile [--knobs '{"DECODE_K_UNROLL": 4}'] [--variants FILE] [--m 1]
 
 Arguments are specialised as the Triton runtime does at launch (see attention_compile_report.py): 16-byte
 divisibility on pointers and on N, K and the row strides (model shapes), unit inner strides as constants.
@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
+from tik_evo.sm90 import compile_sm90, load_variant  # noqa: E402
 
 SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "ws_ptr": "*fp32", "b_ptr": "*bf16", "y_ptr": "*bf16", "y32_ptr": "*bf16",
        "M": "i32", "N": "i32", "K": "i32", "sxm": "i32", "swn": "i32", "sym": "i32"}

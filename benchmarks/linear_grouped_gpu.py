@@ -8,7 +8,7 @@ Bits: every variant's grouped rows, in both paths, must equal the root's linear_
 Times: full-sequence cells by CUDA events over back-to-back calls (median); decode cells also as CUDA-graph
 replays (GPU time without the host). Writes JSON.
 
-    PYTHONPATH=$PWD python3 benchmarks/linear_grouped_gpu.py --out linear_grouped.json [--variants-json F]
+    tik-evo bench linear-grouped --out linear_grouped.json [--variants-json F]
 
 Imports only torch/triton and the linear root (+ the engine's knob file helpers), so it runs on the bare GPU image.
 """
@@ -16,19 +16,16 @@ Imports only torch/triton and the linear root (+ the engine's knob file helpers)
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import sys
 import time
 from functools import partial
 from pathlib import Path
 
 import torch
-import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ops_matmul_gpu import load, mismatches, randn  # noqa: E402
+from tik_evo_bench.common import header  # noqa: E402
+from tik_evo_bench.ops_matmul_gpu import load, mismatches, randn  # noqa: E402
 
 EXPERTS, TOP_K = 128, 8
 SHAPES = {"gate": (768, 2048), "down": (2048, 768)}  # (N, K) of Qwen3-30B-A3B's expert projections
@@ -154,8 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     impls = {name: load("linear", knobs) for name, knobs in variants.items()}
     root = impls["root"]
     peer = grouped_mm_peer()
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    result = {**header(device=0),
               "experts": EXPERTS, "top_k": TOP_K, "variants": variants, "grouped_mm": peer is not None,
               "cells": [], "skipped": []}
     cells = [("full", t, skew) for t in FULL_TOKENS for skew in (False, True)]

@@ -2,11 +2,11 @@
 (weight, rows) cells under Nsight Compute, launch by launch.
 
     ncu --profile-from-start off --section MemoryWorkloadAnalysis ... -o REPORT \
-        python3 benchmarks/linear_profile.py run --variants-json F \
+        python3 -m tik_evo.cli bench linear-ncu run --variants-json F \
             --cells qwen3-4b.o:256,qwen3-4b.qkv:16384 --order O.json
-    python3 benchmarks/linear_profile.py summarize --details D.csv --order O.json --out X.json
+    tik-evo bench linear-ncu summarize --details D.csv --order O.json --out X.json
 
-Cells name a weight of `benchmarks/ops_matmul_gpu.py`'s LINEAR_SHAPES (or a unique suffix of one, e.g. `o` or
+Cells name a weight of `tik_evo_bench.ops_matmul_gpu.LINEAR_SHAPES` (or a unique suffix of one, e.g. `o` or
 `llama3-8b.down`) and the rows M; M <= 256 runs `linear_decode`, larger M `linear_full`, as the benchmark does.
 Every (variant, cell) and cuBLAS on the cell run once outside the profiled window (compiling), then once inside
 it (cudaProfilerStart/Stop). --order lists the profiled calls in launch order. `summarize` reads the report's
@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 DECODE_MAX_M = 256  # the benchmark's decode cells are M 1, 64 and 256
 
@@ -63,7 +61,7 @@ def label_launches(kernels: list[str], order: list[str]) -> list[str]:
 
 
 def summarize(args: argparse.Namespace) -> None:
-    from benchmarks.attention_decode_profile import _rows
+    from tik_evo_bench.attention_decode_profile import _rows
 
     order = json.loads(Path(args.order).read_text())
     launches: dict[str, dict] = {}
@@ -85,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
     import triton
 
-    from benchmarks.ops_matmul_gpu import LINEAR_SHAPES, load
+    from tik_evo_bench.ops_matmul_gpu import LINEAR_SHAPES, load
 
     cells = parse_cells(args.cells, LINEAR_SHAPES)
     variants = ({"root": {}} if args.variants_json in (None, "root")

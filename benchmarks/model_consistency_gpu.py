@@ -5,7 +5,7 @@ Writes JSON (mismatching log-prob bits per seed, max |difference|, environment).
 --model moe: a Qwen3-30B-A3B-shaped MoE decoder of --layers layers (kernels/moe_decoder.py: every family),
 several sequences of different prompt and answer lengths, packed for training, decoded as one batch.
 
-    PYTHONPATH=$PWD python3 benchmarks/model_consistency_gpu.py --out results/model/consistency.json
+    tik-evo bench model --out results/model/consistency.json
 
 Imports only torch/triton (+ kernels.decoder and the families), so it runs on the bare GPU image.
 """
@@ -13,24 +13,20 @@ Imports only torch/triton (+ kernels.decoder and the families), so it runs on th
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-import triton
 
 import tik_evo  # noqa: F401 - maps tik_evo_kernels to kernels/ where tik-evo is not installed
+from tik_evo_bench.common import header  # noqa: E402
 from tik_evo_kernels.decoder import FAMILIES, Shape, TinyDecoder
 from tik_evo_kernels.files import add_arguments, impls_from_args
 from tik_evo_kernels.moe_decoder import FAMILIES as MOE_FAMILIES
 from tik_evo_kernels.moe_decoder import MoEDecoder, MoEShape
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_peers import linear_grouped as cublas_grouped  # noqa: E402
+from tik_evo_kernels.peers import linear_grouped as cublas_grouped  # noqa: E402
 
 # Prompt and answer lengths of the MoE run's sequences (not multiples of any block or page).
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)
@@ -129,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         shape_info, rows = moe_runs(args, impls)
     else:
         shape_info, rows = dense_runs(args, impls)
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    result = {**header(device=0),
               "model": args.model, "shape": shape_info,
               "prompt": args.prompt if args.model == "dense" else None, "attention_set": args.attention_set or "root",
               "control": args.control, "grouped_experts": not args.per_expert,

@@ -4,7 +4,7 @@ model goes on from the replay's outputs. Each replay must write the eager call's
 log-probs must still equal the (eager) training forward's bit for bit. Writes JSON: per family and path, calls,
 outputs written, elements that differ, capture failures; mismatching log-probs per model.
 
-    PYTHONPATH=$PWD python3 benchmarks/model_graphs_gpu.py --out model_graphs.json
+    tik-evo bench model-graphs --out model_graphs.json
 
 Imports only torch/triton (+ the kernels), so it runs on the bare GPU image.
 """
@@ -12,21 +12,17 @@ Imports only torch/triton (+ the kernels), so it runs on the bare GPU image.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import sys
 import time
 from pathlib import Path
 
 import torch
-import triton
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_consistency_gpu import MOE_ANSWERS, MOE_PROMPTS  # noqa: E402
-
-from tik_evo.graph_replay import capture_one, tallied  # noqa: E402
+from tik_evo.graph_replay import graph_rollout, mismatches  # noqa: E402
+from tik_evo_bench.common import header  # noqa: E402
+from tik_evo_bench.model_consistency_gpu import MOE_ANSWERS, MOE_PROMPTS  # noqa: E402
 from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
-from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
+from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 
 WIDTHS = {  # four layers at the widths of the models named
     "qwen3-4b.dense": dict(vocab=151936, hidden=2560, layers=4, q_heads=32, kv_heads=8, head_dim=128, experts=0,
@@ -34,23 +30,6 @@ WIDTHS = {  # four layers at the widths of the models named
     "qwen3-30b-a3b.moe": dict(vocab=151936, hidden=2048, layers=4, q_heads=32, kv_heads=4, head_dim=128,
                               experts=128, top_k=8, intermediate=768),
 }
-
-
-def graph_rollout(m: MoEDecoder, seqs, prompts, capture=capture_one) -> tuple[list[torch.Tensor], dict]:
-    """The rollout's log-probs with every family call replayed from a graph, and per family.path: calls,
-    outputs written, their elements, elements differing from the eager call, capture failures (first error)."""
-    tally: dict = {}
-
-    def replayed(family, path, call, *args):
-        return tallied(tally, f"{family}.{path}", call, *args, capture=capture)
-
-    with hooked(m, replayed):
-        lps = m.rollout_logprobs(seqs, prompts)
-    return lps, tally
-
-
-def mismatches(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
-    return sum(int((x.view(torch.int32) != y.view(torch.int32)).sum()) for x, y in zip(a, b))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [n for n in names if n not in WIDTHS]:
         ap.error(f"--models: unknown {bad}; choose from {list(WIDTHS)}")
     lens = [p + a for p, a in zip(MOE_PROMPTS, MOE_ANSWERS)]
-    out = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+    out = {**header(),
            "prompts": list(MOE_PROMPTS), "lens": lens, "runs": [],
            "kernels": replaced}
     ok = True

@@ -1,35 +1,31 @@
 """Model-level cost of the unified kernels: the training forward (packed sequences -> answer log-probs) of
 kernels/moe_decoder.py with every family's root against the same model on the kernels a trainer uses without
-tik-evo (benchmarks/model_peers.py: cuBLAS, SDPA, torch ops). Same weights, same tokens; GPU time per forward
+tik-evo (kernels/peers.py: cuBLAS, SDPA, torch ops). Same weights, same tokens; GPU time per forward
 (CUDA events; the models' forwards interleaved, median of --reps after two warm-up rounds) and peak memory.
 Writes JSON.
 
-    PYTHONPATH=$PWD python3 benchmarks/model_speed_gpu.py --out model_speed.json
+    tik-evo bench model-speed --out model_speed.json
 
-Imports only torch/triton (+ the kernels and model_peers), so it runs on the bare GPU image.
+Imports only torch/triton (+ the kernels and tik_evo_kernels.peers), so it runs on the bare GPU image.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
-import datetime
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
-import triton
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from model_peers import torch_impls  # noqa: E402
 
 from tik_evo import launch  # noqa: E402
+from tik_evo_bench.common import header  # noqa: E402
 from tik_evo_kernels.decoder import roots  # noqa: E402
 from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
 from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
+from tik_evo_kernels.peers import torch_impls  # noqa: E402
 
 CONFIGS = {
     # Qwen3-4B widths (dense), four layers; four sequences of 2048 tokens, the last 1024 of each scored.
@@ -195,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU (the CPU checks of the same model are tests/model/)")
         return 2
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "triton": triton.__version__,
+    result = {**header(device=0),
               "attention_set": args.attention_set or "root", "configs": {},
               "kernels": replaced}
     result["host_us_per_call"] = host_us_per_call()

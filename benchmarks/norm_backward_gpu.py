@@ -1,14 +1,14 @@
 """RMSNorm's backward kernel (`kernels/norm_backward.py`) at the policy step's shapes, one schedule against another.
 
-The policy step (benchmarks/policy_gpu.py, 4 x 2048 tokens) takes this kernel for the final norm, each layer's
+The policy step (tik-evo bench policy, 4 x 2048 tokens) takes this kernel for the final norm, each layer's
 add + RMSNorm (with the residual output's gradient) and QK norm (128-wide heads, q and k separately). Each
 schedule (a dict of the module's KNOBS) is timed on every shape, with inputs rotated out of L2, against a copy of
 the same number of bytes (the bandwidth ceiling); each schedule's dx and dw are compared with the first
 schedule's (relative L2) and, on the first shape, with an fp64 autograd reference. Writes JSON.
 
-    PYTHONPATH=$PWD python3 benchmarks/norm_backward_gpu.py --out norm_backward.json
-    python3 benchmarks/norm_backward_gpu.py --smoke --out x.json   # tiny shapes under the CPU interpreter
-    python3 benchmarks/norm_backward_gpu.py --offline --out x.json # no GPU: each schedule compiled for sm_90a
+    tik-evo bench norm-backward --out norm_backward.json
+    tik-evo bench norm-backward --smoke --out x.json   # tiny shapes under the CPU interpreter
+    tik-evo bench norm-backward --offline --out x.json # no GPU: each schedule compiled for sm_90a
 
 `--offline` is not a timing: per shape and schedule it reports the registers and spills of an sm_90a compile,
 how many programs an H200's SM holds at once, and how many it would be handed (PROGRAMS_PER_SM, or 0: as many as
@@ -31,7 +31,6 @@ if "--smoke" in sys.argv:  # before triton is imported
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tik_evo import checks  # noqa: E402
 from tik_evo_kernels import norm_backward as nb  # noqa: E402
 
@@ -141,7 +140,7 @@ H200 = {"sms": 132, "regs_per_sm": 65536, "shared_per_sm": 232448, "warps_per_sm
 def offline(shapes: dict, schedules: list[dict]) -> list[dict]:
     """Each schedule compiled for sm_90a at each shape (the launch's constants, width 16-byte aligned as the
     runtime specialises it), with the residency it implies on an H200."""
-    from benchmarks.sm90 import compile_sm90
+    from tik_evo.sm90 import compile_sm90
 
     ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "dres_ptr": "*bf16", "dx_ptr": "*bf16",
             "ws_ptr": "*fp32"}

@@ -5,7 +5,7 @@ defines ``run(families: list[str], out_dir: Path, extras=...) -> dict`` (``ops_r
 taking ``--out FILE``, ``--families`` and ``--extras JSON`` (``ops_matmul_gpu``: linear, logprob, moe_routing).
 Missing suites are skipped, so each can be developed alone; each suite also runs on its own.
 
-    PYTHONPATH=$PWD python3 benchmarks/ops_gpu.py [--families rope,silu_mul] [--out DIR] [--dry-run]
+    tik-evo bench ops [--families rope,silu_mul] [--out DIR] [--dry-run]
         [--best RUN_DIR ...] [--kernel FAMILY=FILE ...]
 
 ``--best`` (a run directory of an operator family's campaign) and ``--kernel`` (a kernel file, e.g. from
@@ -56,14 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for the JSON results")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU interpreter run of the suites at tiny sizes (the code paths, no measurement)")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tik_evo_kernels.files import KernelArgError, add_arguments
 
     add_arguments(ap, "checked and timed beside the root")
     args = ap.parse_args(argv)
     if args.dry_run:  # before any kernel module is imported (the --kernel checks import the families)
         os.environ["TRITON_INTERPRET"] = "1"
-    sys.path.insert(0, str(Path(__file__).parent))
     out = Path(args.out)
     try:
         wanted = [f for f in args.families.split(",") if f] or None
@@ -96,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         if not fams:
             continue
         try:
-            mod = importlib.import_module(suite)
+            mod = importlib.import_module(f"tik_evo_bench.{suite}")
         except ModuleNotFoundError as e:
-            if e.name == suite:
+            if e.name == f"tik_evo_bench.{suite}":
                 continue
             raise
         if args.dry_run:

@@ -2,7 +2,7 @@
 peers (cuBLAS, torch eager, torch.compile, Liger-Kernel), with bitwise path-consistency checks at model
 shapes. One run, one JSON file, a short table printed last.
 
-    PYTHONUNBUFFERED=1 PYTHONPATH=$PWD python3 benchmarks/ops_matmul_gpu.py --out $OUT/matmul_gpu.json
+    PYTHONUNBUFFERED=1 tik-evo bench ops-matmul --out $OUT/matmul_gpu.json
 
 With `--linear-variants FILE` (a JSON {name: knob changes}) only the linear decode cells (M 1, 64, 256 of the five
 shapes) are timed, each variant against cuBLAS, after its decode rows are checked bit for bit against a full pass.
@@ -10,7 +10,7 @@ shapes) are timed, each variant against cuBLAS, after its decode rows are checke
 `--dry-run` runs every code path on the CPU under the Triton interpreter at tiny sizes (`_dry_run_setup`): for CI
 and for checking a change before a GPU session; its times are the interpreter's and mean nothing.
 
-With `--extras JSON` ({family: {label: kernel file}}, as `benchmarks/ops_gpu.py --best / --kernel` pass it) each
+With `--extras JSON` ({family: {label: kernel file}}, as `tik-evo bench ops --best / --kernel` pass it) each
 file is checked like the root and timed beside it on every cell of its family (rows named by its label, the
 root timed back to back as "root"); RESULTS["extras"] gives each one's time over the root's per cell.
 
@@ -42,8 +42,8 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 from tik_evo.knobs import read_knobs, write_knobs  # noqa: E402
+from tik_evo_kernels.peers import logprob_torch, routing_torch  # noqa: E402
 
 RESULTS: dict = {"env": {}, "ceilings": {}, "linear": [], "logprob": [], "moe_routing": [], "consistency": [],
                  "chosen": {}, "errors": [], "extras": {}}
@@ -522,11 +522,6 @@ def bench_linear_full_ab(variants: dict, full_ms=(4096, 16384), repeats: int = 5
 
 
 # ---------------------------------------------------------------- logprob
-def logprob_torch(logits, target, temperature=1.0):
-    logp = torch.log_softmax(logits.float() / temperature, -1)
-    return logp.gather(-1, target[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
-
-
 def logprob_consistency(knobs: dict, label: str | None = None):
     V, T = SIZES["vocab"], SIZES["logprob_rows"]
     impl = load("logprob", knobs)
@@ -641,13 +636,6 @@ def bench_logprob(full_ts, decode_bs, eager_max, compile_ts):
 
 
 # ---------------------------------------------------------------- moe_routing
-def routing_torch(logits, top_k=8):
-    p = torch.softmax(logits.float(), -1)
-    w, i = torch.topk(p, top_k, -1)
-    w = w / w.sum(-1, keepdim=True)
-    return w.to(logits.dtype), i
-
-
 def routing_consistency(knobs: dict, label: str | None = None):
     E, K = 128, 8
     impl = load("moe_routing", knobs)

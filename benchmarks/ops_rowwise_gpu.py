@@ -10,9 +10,9 @@ outside the timed region as Liger's cos/sin are (a model gathers them once per s
 silu_mul's root reads the two halves of a fused gate_up output (the engine's bench); `root_separate_us` times it
 on two separate tensors, the inputs Liger's SwiGLU is given.
 
-    PYTHONPATH=$PWD python3 benchmarks/ops_rowwise_gpu.py [--families a,b] [--out DIR] [--all-workloads]
+    tik-evo bench ops-rowwise [--families a,b] [--out DIR] [--all-workloads]
 
-An extra implementation (`run(..., extras=)`, from `benchmarks/ops_gpu.py --best / --kernel`) is checked like the
+An extra implementation (`run(..., extras=)`, from `tik-evo bench ops --best / --kernel`) is checked like the
 root (the same cases on this GPU) and timed on the same cells right after it: `<label>_us`,
 `<label>_verify_passed` in each row, `x root` (the root's time over its time) in the table.
 
@@ -47,11 +47,11 @@ import triton  # noqa: E402
 import yaml  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from tik_evo import checks  # noqa: E402
 from tik_evo.candidate import load_module  # noqa: E402
 from tik_evo.timing import graph_replay_us  # noqa: E402
+from tik_evo_kernels.peers import hf_rmsnorm, rotate_half  # noqa: E402
 
 FAMILIES = ("rmsnorm", "add_rmsnorm", "silu_mul", "rope", "qk_rmsnorm", "embedding", "kv_append")
 EPS = 1e-6
@@ -267,17 +267,6 @@ def copy_ceiling() -> dict:
 
 
 # ---------------------------------------------------------------- peers (eager torch, as HF models compute)
-def hf_rmsnorm(x, w, eps=EPS):
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
 def rot_cos_sin(fam_mod, workload, pos):
     cos, sin = fam_mod.rope_table(int(pos.max()) + 1, workload["head_dim"], workload["theta"],
                                   workload.get("scaling"), DEVICE)

@@ -1,5 +1,5 @@
 """The policy update's glue kernels against the torch code they replaced, at the policy step's shapes
-(benchmarks/policy_gpu.py: Qwen3-30B-A3B's MoE layer at 8192 tokens, top 8 of 128 experts, hidden 2048; the
+(tik-evo bench policy: Qwen3-30B-A3B's MoE layer at 8192 tokens, top 8 of 128 experts, hidden 2048; the
 Qwen3 embedding table, 151936 x 2560):
 - MoE combine, forward and backward (`kernels/moe_combine.py`) against the per-slot fp32 torch loop (forward
   under autograd, then its backward) that the model harness ran before;
@@ -13,8 +13,8 @@ Each row: median ms (do_bench), the peak memory the call added (MB), and the res
 fp32 torch reference (backward has no bitwise contract); the packed attention also counts the elements whose
 bits differ from the per-sequence launches (its contract: none). Writes JSON.
 
-    PYTHONPATH=$PWD python3 benchmarks/policy_glue_gpu.py --out policy_glue.json
-    python3 benchmarks/policy_glue_gpu.py --smoke --out x.json   # tiny shapes under the CPU interpreter
+    tik-evo bench policy-glue --out policy_glue.json
+    tik-evo bench policy-glue --smoke --out x.json   # tiny shapes under the CPU interpreter
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ if "--smoke" in sys.argv:  # before triton is imported
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tik_evo.checks import rel_l2  # noqa: E402
 from tik_evo_kernels.attention import root as attention  # noqa: E402
 from tik_evo_kernels.embedding_backward import embedding_backward  # noqa: E402

@@ -2,20 +2,20 @@
 dense and MoE models at Qwen3 widths:
 
 1. bits: the differentiable forward's log-probs against the training forward's and the batched rollout's
-   (prompts and answers as benchmarks/model_consistency_gpu.py), elements whose bits differ;
+   (prompts and answers as tik-evo bench model), elements whose bits differ;
 2. gradients of sum(log-prob x advantage) for every parameter against autograd of the same model in torch with
    fp32 arithmetic (`TorchOps()`), relative L2, and the tokens whose experts the two forwards chose differently
    (a discrete choice: such tokens' expert gradients differ by design, not by error);
 3. one policy step (forward + backward; 4 sequences of 2048 tokens, the last 1024 of each scored, as
-   benchmarks/model_speed_gpu.py) against the same model as a trainer runs it without tik-evo
+   tik-evo bench model-speed) against the same model as a trainer runs it without tik-evo
    (`TorchOps(native=True)`: cuBLAS, SDPA, torch._grouped_mm for the experts, fp32 norms and softmax): GPU time
    (CUDA events, the two interleaved, median of --reps after two warm-up rounds) and peak memory.
 
 Checks and steps run once per --matmul-backward mode: the linear layers' gradients from the kernel file's own
 backward ("kernel") or from cuBLAS ("vendor"), `KernelOps`' two ways.
 
-    PYTHONPATH=$PWD python3 benchmarks/policy_gpu.py --out policy.json
-    python3 benchmarks/policy_gpu.py --smoke --out x.json    # tiny shapes on the CPU (the interpreter): the code
+    tik-evo bench policy --out policy.json
+    tik-evo bench policy --smoke --out x.json    # tiny shapes on the CPU (the interpreter): the code
 
 Imports only torch/triton and the kernels, so it runs on the bare GPU image.
 """
@@ -36,8 +36,6 @@ if "--smoke" in sys.argv:  # before triton is imported
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tik_evo import checks  # noqa: E402
 from tik_evo_kernels.attention import autograd as attention_autograd  # noqa: E402
 from tik_evo_kernels.attention.autograd import packed_backward_path  # noqa: E402
@@ -45,7 +43,7 @@ from tik_evo_kernels.autograd import KernelOps, RecordingRouting, TorchOps  # no
 from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
 from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 
-MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # benchmarks/model_consistency_gpu.py's
+MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # tik-evo bench model's
 SHAPES = {
     "qwen3-4b.dense": MoEShape(vocab=151936, hidden=2560, layers=4, q_heads=32, kv_heads=8, head_dim=128, experts=0,
                                intermediate=9728, max_pos=2048),
@@ -147,8 +145,9 @@ def breakdown(m: MoEDecoder, seqs, prompts, device: str, mode: str) -> dict:
     """One policy step on the kernels under the profiler: per family and direction ("linear.fwd", "linear.bwd",
     ...), the GPU time of the kernels inside its calls (ms) and its calls; "other_ms" is the step's remaining
     kernel time (the harness's glue, autograd's own kernels)."""
-    from model_speed_gpu import kernel_us_by_label
     from torch.profiler import ProfilerActivity, profile
+
+    from tik_evo_bench.model_speed_gpu import kernel_us_by_label
 
     adv = torch.randn(sum(n - p for n, p in zip(map(len, seqs), prompts)),
                       generator=torch.Generator().manual_seed(6)).to(device)

@@ -4,7 +4,7 @@ the SASS of one program is what each program issues, and BLOCK_T tokens share it
 the counts are left out). With the launch's program count this gives the issue time
 a routing launch cannot go below (warp-instructions / (SMs x 4 schedulers x clock)).
 
-    python benchmarks/routing_compile_report.py [--knobs '{"FULL_BLOCK_T": 16}'] [--tokens 32768]
+    tik-evo bench routing-compile [--knobs '{"FULL_BLOCK_T": 16}'] [--tokens 32768]
 
 Arguments are specialised as the Triton runtime does at launch: 16-byte divisibility on the pointers and the
 expert count.
@@ -16,14 +16,12 @@ import argparse
 import json
 import os
 import re
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.sm90 import compile_sm90, load_variant  # noqa: E402
+from tik_evo.sm90 import compile_sm90, load_variant  # noqa: E402
 
 SIG = {"x_ptr": "*bf16", "w_ptr": "*bf16", "w32_ptr": "*fp32", "id_ptr": "*i32", "T": "i32", "E": "i32"}
 SMS, SCHEDULERS, CLOCK_HZ = 132, 4, 1.98e9  # H200

@@ -8,9 +8,10 @@ caches. With `none` each finds what the launches before it left. Clocks are lock
 not their absolute values.
 
     ncu --profile-from-start off --cache-control all --metrics gpu__time_duration.sum,dram__bytes_read.sum,... \
-        --csv --page raw -o R python3 benchmarks/rowwise_ncu.py run --cells rope:qwen3-4b.decode.B256 --order O.json
+        --csv --page raw -o R python3 -m tik_evo.cli bench rowwise-ncu run --cells rope:qwen3-4b.decode.B256 \
+        --order O.json
     ncu --import R.ncu-rep --page raw --csv --print-units base > R.csv
-    python3 benchmarks/rowwise_ncu.py summarize --csv R.csv --order O.json --out X.json
+    tik-evo bench rowwise-ncu summarize --csv R.csv --order O.json --out X.json
 
 `run --extras '{"family": {"label": "kernel.py"}}'` profiles kernel files (e.g. a knob variant) beside the root in
 that family's cells, after the rowwise bench's checks. Each labelled call must be a single launch. `summarize`
@@ -34,7 +35,6 @@ if "--dry-run" in sys.argv:  # the interpreter must be chosen before triton is i
     os.environ["TRITON_INTERPRET"] = "1"
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # One launch each: the peers' single-kernel calls and our kernel's other entry forms (rope from pre-gathered rows,
 # in place as Liger rotates; silu_mul on Liger's two separate inputs). torch eager launches several, so it is left out.

@@ -3,7 +3,7 @@
 
 Each is read and its KNOBS checked against its family's knob space before anything runs, so a wrong path,
 family or knob is named at once. The model benchmarks put them in place of the roots (`impls_from_args`,
-`model_impls`); the operator benchmark times them beside the roots (`benchmarks/ops_gpu.py`).
+`model_impls`); the operator benchmark times them beside the roots (`tik-evo bench ops`).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from tik_evo.launch import cdiv, fast, pow2
 # once wait for a whole program to finish; 0: as many as fit, from the compiled kernel's registers); NUM_WARPS 0
 # takes 4 warps up to 2048 elements a tile, else 8; MIN_TILES_PER_PROGRAM caps the grid so each program walks at
 # least that many tiles (a program's prologue and dw epilogue are paid once per program).
-# benchmarks/norm_backward_gpu.py times them against each other. These are among the best schedules over the
+# tik-evo bench norm-backward times them against each other. These are among the best schedules over the
 # policy step's five shapes on an H100 (results/ops/gpu_2026-12-06.md section 1: 348 us in all against 517 us for
 # the kernel before, the mean of two runs; the next three schedules were within the 3-5% two runs differ by).
 KNOBS = {"TILE": 4096, "PREFETCH": True, "DW_IN_TILE": True, "PROGRAMS_PER_SM": 0, "NUM_WARPS": 0,

@@ -61,9 +61,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def offline():
-    """run(*argv, timeout=600) -> stdout: Python with argv (a benchmarks/ script and its flags, or "-c", code) in
-    the repository root, without the interpreter, as an offline sm_90a compile needs the real compiler; a non-zero
-    exit fails the test with the end of stderr."""
+    """run(*argv, timeout=600) -> stdout: Python with argv ("-m", "tik_evo.cli", "bench", SUITE and its flags, or
+    "-c", code) in the repository root, without the interpreter, as an offline sm_90a compile needs the real
+    compiler; a non-zero exit fails the test with the end of stderr."""
     def run(*argv: str, timeout: int = 600) -> str:
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, env=env, cwd=ROOT,

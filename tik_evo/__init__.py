@@ -9,18 +9,27 @@ from pathlib import Path
 
 __version__ = "0.1.0"
 
-# The kernel families live in the folder `kernels/`, imported as `tik_evo_kernels` so that they never take the name
-# of another package (Hugging Face's `kernels`, which transformers requires). An install maps the name to the
-# folder; run from a checkout without installing (PYTHONPATH=.), the name is mapped here.
+# The kernel families live in the folder `kernels/`, imported as `tik_evo_kernels`, and the benchmark suites in
+# `benchmarks/`, imported as `tik_evo_bench`, so that they never take the name of another package (Hugging Face's
+# `kernels`, which transformers requires). An install maps the names to the folders; run from a checkout without
+# installing (PYTHONPATH=.), the names are mapped here.
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
+BENCH_DIR = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
-def _map_kernels() -> None:
-    if "tik_evo_kernels" in sys.modules or importlib.util.find_spec("tik_evo_kernels") is not None:
+def _map(name: str, folder: Path) -> None:
+    if name in sys.modules or importlib.util.find_spec(name) is not None or not folder.is_dir():
         return
-    spec = importlib.machinery.ModuleSpec("tik_evo_kernels", None, is_package=True)
-    spec.submodule_search_locations = [str(KERNELS_DIR)]
-    sys.modules["tik_evo_kernels"] = importlib.util.module_from_spec(spec)
+    init = folder / "__init__.py"
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)]) \
+        if init.exists() else importlib.machinery.ModuleSpec(name, None, is_package=True)
+    if not init.exists():  # a namespace-like package: the folder's modules, no __init__
+        spec.submodule_search_locations = [str(folder)]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    if init.exists():
+        spec.loader.exec_module(module)
 
 
-_map_kernels()
+_map("tik_evo_kernels", KERNELS_DIR)
+_map("tik_evo_bench", BENCH_DIR)

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from tik_evo.commands import check, console, inspect, kernel, run
+from tik_evo.commands import bench, check, console, inspect, kernel, run
 from tik_evo.commands.check import check_family  # noqa: F401 - tests import it from here
 from tik_evo.config import ConfigError
 from tik_evo.initialization import InitError
@@ -82,12 +82,12 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--list", action="store_true", help="list the family's named sets and knobs")
     r.add_argument("-o", "--output", help="write the source here (default: standard output)")
     r.set_defaults(fn=kernel.cmd_kernel)
-    r = sub.add_parser("bench", help="benchmark a family against its peers, or run ops / model / model-speed / "
-                                     "model-graphs / policy / policy-glue (GPU), or search CAMPAIGN (the search "
-                                     "against plain samplers)")
-    r.add_argument("family")
+    r = sub.add_parser("bench", help="run a benchmark suite (NAME ARGS ...; `tik-evo bench NAME --help`), or list "
+                                     "the suites (no NAME, or --list)")
+    r.add_argument("name", nargs="?", help="a suite, e.g. attention, ops, model, policy, search")
     r.add_argument("rest", nargs=argparse.REMAINDER)
-    r.set_defaults(fn=kernel.cmd_bench)
+    r.add_argument("--list", action="store_true", help="list the suites: name, GPU or CPU, what each measures")
+    r.set_defaults(fn=bench.cmd_bench)
     return p
 
 
@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if len(argv) >= 2 and argv[0] == "bench" and not argv[1].startswith("-"):
         # everything after `bench NAME` is the benchmark's own command line, options and overrides in their order
-        args, extra = argparse.Namespace(fn=kernel.cmd_bench, family=argv[1], rest=argv[2:]), []
+        args, extra = argparse.Namespace(fn=bench.cmd_bench, name=argv[1], rest=argv[2:], list=False), []
     else:
         args, extra = p.parse_known_args(argv)
     if extra and args.cmd == "kernel":  # KNOB=VALUE items given after --set / -o

@@ -183,3 +183,24 @@ def audit_checks(family, impl, seed: int, device: str, capture: Callable | None 
         out.append(Check("graph replay: the small cases call an entry point", False, "graph",
                          {"entry_points": replayed_names(impl, family.entry_points)}))
     return out
+
+
+def graph_rollout(m, seqs, prompts, capture=capture_one) -> tuple[list[torch.Tensor], dict]:
+    """A model's (tik_evo_kernels.moe_decoder.MoEDecoder) rollout log-probs with every family call replayed from a
+    graph, and per family.path: calls, outputs written, their elements, elements differing from the eager call,
+    capture failures (first error). `tik-evo bench model-graphs` runs it on a GPU."""
+    from tik_evo_kernels.moe_decoder import hooked
+
+    tally: dict = {}
+
+    def replayed(family, path, call, *args):
+        return tallied(tally, f"{family}.{path}", call, *args, capture=capture)
+
+    with hooked(m, replayed):
+        lps = m.rollout_logprobs(seqs, prompts)
+    return lps, tally
+
+
+def mismatches(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
+    """Elements whose bits differ between two lists of fp32 tensors (log-probs)."""
+    return sum(int((x.view(torch.int32) != y.view(torch.int32)).sum()) for x, y in zip(a, b))

@@ -92,7 +92,7 @@ class _PackedAttention(torch.autograd.Function):
 # The packed backward's recompute and gradients: "sdpa_per_sequence" (SDPA on each sequence's heads-first copies)
 # or "varlen_flash" (torch's varlen flash attention on the packed rows, no copies). On an H100 (torch 2.11, 4 x
 # 2048 tokens, 32/4 heads of 128) SDPA per sequence took 1.57 ms and 183 MB, varlen flash 2.01 ms and 411 MB:
-# results/ops/policy_glue_h100_2026-12-05.json (benchmarks/policy_glue_gpu.py times both).
+# results/ops/policy_glue_h100_2026-12-05.json (tik-evo bench policy-glue times both).
 PACKED_BACKWARD = "sdpa_per_sequence"
 
 # Whether torch's varlen flash attention ran forward and backward in this process (None: not tried yet). A torch

@@ -393,7 +393,7 @@ def _linear_grouped_kernel(x_ptr, w_ptr, y_ptr, y32_ptr, starts_ptr, E, T, N, K,
 
 
 # The grouped dW kernel's (BLOCK_N, BLOCK_K, BLOCK_R, warps, stages). Backward only, so not a knob (no bits
-# depend on it); benchmarks/linear_grouped_gpu.py times alternatives (H200, Qwen3-30B-A3B experts at 8192
+# depend on it); tik-evo bench linear-grouped times alternatives (H200, Qwen3-30B-A3B experts at 8192
 # tokens: 128x128x64 with 8 warps 1.29x faster than 64x64x64 with 4).
 DW_TILE = (128, 128, 64, 8, 3)
 
@@ -422,7 +422,7 @@ def _linear_grouped_dw_kernel(gy_ptr, x_ptr, gw_ptr, starts_ptr, N, K, sgm, sgn,
 
 
 # DW_KERNEL "tma" reads each expert's rows through TMA instead (_linear_grouped_dw_tma_kernel); "pointer" is the
-# kernel above. Backward only, not a knob; benchmarks/linear_grouped_gpu.py times the two (H200, 65,536 routed
+# kernel above. Backward only, not a knob; tik-evo bench linear-grouped times the two (H200, 65,536 routed
 # rows: TMA 1146 / 1120 us against the pointer kernel's 1120 / 1079 for gate / down, so "pointer" stays).
 DW_KERNEL = "pointer"
 
@@ -708,7 +708,7 @@ def linear_grouped_backward(x: torch.Tensor, weights: torch.Tensor, starts: torc
 
 
 # The dense backward's (BLOCK_P, BLOCK_Q, BLOCK_R, GROUP_P, warps, stages, least rows of R per split). Backward
-# only, so not a knob (no bits depend on it, and the audit times the forward); benchmarks/linear_backward_gpu.py
+# only, so not a knob (no bits depend on it, and the audit times the forward); tik-evo bench linear-backward
 # times alternatives. BWD_KERNEL "transposed" runs the forward kernel on transposed views instead (pointer loads).
 BWD_TILE = (128, 256, 64, 8, 8, 3, 1024)
 BWD_KERNEL = "dedicated"

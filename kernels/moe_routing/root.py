@@ -25,7 +25,7 @@ Selection (SELECT):
   (`tl.topk`: sorted runs of K_PAD, then halving by elementwise max and re-merging; slot 0 is the row max). Keys
   are unique, so it picks the same keys in the same order: the same bits. With a row per thread it compiles to
   min/max pairs only, about 10 per element in all, against 2 per element and round (offline sm_90a count:
-  `benchmarks/routing_compile_report.py`); with a row spread over threads it needs shuffles and selects. On an
+  `tik-evo bench routing-compile`); with a row spread over threads it needs shuffles and selects. On an
   H200 it ran 7.8-8.0 us at 32K tokens against the rounds' 7.3: a row per thread leaves too few warps to hide
   latency, so fewer instructions did not help; off in the root.
 RENORM_FROM (with renormalisation and "logit_key" only): "probs" renormalises the k probabilities exp(x - m) / s;

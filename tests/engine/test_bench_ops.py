@@ -5,7 +5,6 @@ workloads); the matmul suite's bookkeeping is checked without a GPU."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -120,8 +119,7 @@ def test_the_matmul_suite_dry_run_checks_and_times_kernel_files_beside_the_root(
 
 
 def test_the_matmul_suite_loads_kernel_files_and_reports_them_against_the_root(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import ops_matmul_gpu as m
+    from tik_evo_bench import ops_matmul_gpu as m  # its bookkeeping (see test_bench_registry)
 
     path = tmp_path / "routing.py"
     path.write_text(_variant("moe_routing", FULL_BLOCK_T=32))
@@ -147,15 +145,12 @@ def test_the_rowwise_suite_times_root_and_peers_in_interleaved_rounds(tmp_path, 
     # three rounds, all kept.
     import statistics
 
-    from tik_evo.candidate import load_module
 
-    suite = load_module(ROOT / "benchmarks" / "ops_rowwise_gpu.py", "rowwise_rounds")
-    monkeypatch.setattr(suite, "ROUNDS", {"n": 1})
     wide = tmp_path / "wide.py"
     wide.write_text(_variant("rmsnorm", BLOCK_H=1024))
     extras = json.dumps({"rmsnorm": {"wide": str(wide)}})
-    assert suite.main(["--dry-run", "--families", "rmsnorm", "--rounds", "3", "--extras", extras,
-                       "--out", str(tmp_path)]) == 0
+    assert main(["bench", "ops-rowwise", "--dry-run", "--families", "rmsnorm", "--rounds", "3", "--extras", extras,
+                 "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "rowwise.json").read_text())["families"]["rmsnorm"]["workloads"]
     assert rows and all("error" not in r for r in rows)
     for r in rows:
@@ -165,20 +160,22 @@ def test_the_rowwise_suite_times_root_and_peers_in_interleaved_rounds(tmp_path, 
         for name in timed:
             assert len(r[f"{name}_us_rounds"]) == 3 and r[f"{name}_us"] == statistics.median(r[f"{name}_us_rounds"])
     with pytest.raises(SystemExit):
-        suite.main(["--dry-run", "--families", "rmsnorm", "--rounds", "0", "--out", str(tmp_path)])
+        main(["bench", "ops-rowwise", "--dry-run", "--families", "rmsnorm", "--rounds", "0", "--out", str(tmp_path)])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU form")
 def test_the_ncu_comparison_labels_each_launch_and_refuses_a_miscounted_report(tmp_path):
-    # benchmarks/rowwise_ncu.py: `run` alternates each cell's single-launch calls and writes their order;
+    # `tik-evo bench rowwise-ncu`: `run` alternates each cell's single-launch calls and writes their order;
     # `summarize` labels an ncu raw-page export by it (root / each, per cell) and stops when the counts differ.
-    from tik_evo.candidate import load_module
 
-    tool = load_module(ROOT / "benchmarks" / "rowwise_ncu.py", "rowwise_ncu")
+
+    def tool(argv):
+        return main(["bench", "rowwise-ncu", *argv])
+
     order = tmp_path / "order.json"
     warps4 = tmp_path / "rope_w4.py"
     warps4.write_text(_variant("rope", DECODE_NUM_WARPS=4))
-    assert tool.main(["run", "--dry-run", "--cells", "rope:decode.B3xC50,silu_mul:decode.B3xI600", "--reps", "2",
+    assert tool(["run", "--dry-run", "--cells", "rope:decode.B3xC50,silu_mul:decode.B3xI600", "--reps", "2",
                       "--extras", json.dumps({"rope": {"w4": str(warps4)}}), "--order", str(order)]) == 0
     labels = json.loads(order.read_text())["order"]
     assert labels[:3] == ["rope:decode.B3xC50 root", "rope:decode.B3xC50 w4", "rope:decode.B3xC50 root_inplace"]
@@ -194,13 +191,13 @@ def test_the_ncu_comparison_labels_each_launch_and_refuses_a_miscounted_report(t
 
     kernel = lambda label: "_rope_kernel" if label.startswith("rope") else "_silu_mul_kernel"  # noqa: E731
     times = {"root": 2000, "w4": 2000, "root_inplace": 1000, "root_rows": 4000, "root_separate": 2000}
-    assert tool.main(export([(kernel(lb), times[lb.rpartition(" ")[2]]) for lb in labels])) == 0
+    assert tool(export([(kernel(lb), times[lb.rpartition(" ")[2]]) for lb in labels])) == 0
     cells = json.loads((tmp_path / "x.json").read_text())["cells"]
     rope = cells["rope:decode.B3xC50"]
     assert rope["root"]["us"] == [2.0, 2.0] and rope["root_inplace"]["root_over_this"] == pytest.approx(2.0)
     assert rope["root_rows"]["root_over_this"] == pytest.approx(0.5)
     assert cells["silu_mul:decode.B3xI600"]["root_separate"]["median_us"] == pytest.approx(2.0)
     with pytest.raises(SystemExit, match="launches profiled"):
-        tool.main(export([(kernel(lb), 1000) for lb in labels] + [("_rope_kernel", 1000)]))
+        tool(export([(kernel(lb), 1000) for lb in labels] + [("_rope_kernel", 1000)]))
     with pytest.raises(SystemExit, match="launched"):  # a label whose launches are different kernels
-        tool.main(export([(f"k{i}", 1000) for i, _ in enumerate(labels)]))
+        tool(export([(f"k{i}", 1000) for i, _ in enumerate(labels)]))

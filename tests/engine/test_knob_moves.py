@@ -1,19 +1,14 @@
-"""benchmarks/knob_moves_gpu.py on the CPU: which moves it makes, and that a move's checks, failures and
-refusals are reported (the bits themselves are a GPU question)."""
+"""tik_evo.knob_moves and `tik-evo bench knob-moves` on the CPU: which moves it makes, and that a move's checks,
+failures and refusals are reported (the bits themselves are a GPU question)."""
 
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import knob_moves_gpu as km  # noqa: E402
-
-from tik_evo.families import load_family  # noqa: E402
-from tik_evo.knobs import read_knobs  # noqa: E402
+from tik_evo import knob_moves as km
+from tik_evo.cli import main
+from tik_evo.families import load_family
+from tik_evo.knobs import read_knobs
 
 
 def test_moves_turn_each_knob_to_each_other_value_of_its_space():
@@ -36,10 +31,10 @@ def test_a_move_is_checked_and_a_value_the_kernel_refuses_is_reported():
 
 def test_the_script_runs_moves_in_workers_and_writes_them(tmp_path):
     out = tmp_path / "moves.json"
-    rc = km.main(["rmsnorm", "--device", "cpu", "--limit", "2", "--workers", "2", "--level", "small",
-                  "--roles", "full", "--out", str(out)])
+    rc = main(["bench", "knob-moves", "rmsnorm", "--device", "cpu", "--limit", "2", "--workers", "2", "--level",
+               "small", "--roles", "full", "--out", str(out)])
     result = json.loads(out.read_text())
     fam = result["families"]["rmsnorm"]
     assert rc == 0 and result["all_passed"] and result["moves"] == 2 and fam["moves"] == 2 and fam["checks"] > 0
     assert fam["failed"] == fam["errors"] == fam["not_run"] == []
-    assert km.main(["no_such_family", "--device", "cpu"]) == 2
+    assert main(["bench", "knob-moves", "no_such_family", "--device", "cpu"]) == 2

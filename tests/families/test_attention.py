@@ -1,7 +1,7 @@
 """Attention family on the CPU (TRITON_INTERPRET=1, exact float64 dot): the structure of bitwise consistency.
 
 These tests prove logic (same blocks, same order, same merges), not GPU bits or speed; those are measured by
-`benchmarks/attention_gpu.py` (results under `results/attention/`).
+`tik-evo bench attention` (results under `results/attention/`).
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_fused_merge_folds_in_the_last_program_without_a_merge_launch(pack, load
     # Up to five 16-token chunks per sequence in mixed-length batches, on 5 or 3 programs per row group: the last
     # to arrive folds the partials itself (the merge kernel raises if launched), with the same bits as the merge
     # launch, and leaves every arrival counter at zero for the next call. (The interpreter runs programs in order,
-    # so arrivals out of order are checked on the GPU: benchmarks/attention_ws_smoke.py.)
+    # so arrivals out of order are checked on the GPU: `tik-evo bench attention-ws --smoke`.)
     src = with_knobs(FAMILY.root_source(), BLOCK_N=16, SPLIT_TOKENS=16, BLOCK_M=64, DECODE_MERGE_LAUNCH="fused",
                      DECODE_PACK_GQA=pack, DECODE_MERGE_LOADS=loads, DECODE_CHUNKS_PER_PROGRAM=cpp)
     mod = load(src)

@@ -19,8 +19,8 @@ def _compile_report(offline, knobs: list[dict], paths: str, head_dim: int = 128)
     conftest fixture)."""
     import json
 
-    reps = json.loads(offline("benchmarks/attention_compile_report.py", "--knobs", json.dumps(knobs), "--paths",
-                              paths, "--head-dim", str(head_dim), timeout=900))
+    reps = json.loads(offline("-m", "tik_evo.cli", "bench", "attention-compile", "--knobs", json.dumps(knobs),
+                              "--paths", paths, "--head-dim", str(head_dim), timeout=900))
     assert len(reps) == len(knobs)
     return reps
 

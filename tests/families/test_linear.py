@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import _family
 import pytest
 
-from tik_evo.candidate import load_module
 from tik_evo_kernels.linear import FAMILY
 
 _load, failures = _family.loader(FAMILY)
@@ -233,8 +232,10 @@ def test_decode_stages_fit_the_launch_in_fewest_waves():
 
 
 def _profile_script():
-    """benchmarks/linear_profile.py (the Nsight Compute driver), loaded by path: benchmarks/ is not a package."""
-    return load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "linear_profile.py", "linear_profile")
+    """`tik-evo bench linear-ncu`'s module (the Nsight Compute driver): its cell parsing and launch labelling."""
+    from tik_evo_bench import linear_profile  # (see test_bench_registry)
+
+    return linear_profile
 
 
 def test_profile_cells_name_weights_exactly_or_by_unique_suffix():
@@ -294,7 +295,7 @@ def test_grouped_launch_compiles_for_hopper_to_wgmma_without_spills(offline):
     # weight that folds K chunks (K 9728); it must use wgmma, not spill and fit in shared memory.
     import json
 
-    rep = json.loads(offline("benchmarks/linear_compile_report.py", "--grouped", "--k", "9728", "--n", "2560"))
+    rep = json.loads(offline("-m", "tik_evo.cli", "bench", "linear-compile", "--grouped", "--k", "9728", "--n", "2560"))
     for path in ("grouped.full", "grouped.decode"):
         assert rep[path]["k_chunk"] == 4096 and rep[path]["HGMMA"] > 0, rep[path]
         assert rep[path]["spill_store_bytes"] == 0 and 0 < rep[path]["shared_bytes"] <= 227 * 1024, rep[path]
@@ -412,7 +413,7 @@ def test_dense_backward_compiles_for_hopper_to_wgmma_from_tma_without_spills(off
     # shared memory.
     import json
 
-    rep = json.loads(offline("benchmarks/linear_compile_report.py", "--backward"))
+    rep = json.loads(offline("-m", "tik_evo.cli", "bench", "linear-compile", "--backward"))
     for launch in ("dX.split1", "dX.split2", "dW.split1", "dW.split2", "grouped_dW.tma"):
         assert rep[launch]["HGMMA"] > 0 and rep[launch]["UTMALDG"] > 0, rep[launch]
         assert rep[launch]["spill_store_bytes"] == 0 and 0 < rep[launch]["shared_bytes"] <= 227 * 1024, rep[launch]
@@ -420,14 +421,14 @@ def test_dense_backward_compiles_for_hopper_to_wgmma_from_tma_without_spills(off
 
 
 def test_backward_benchmark_smoke_times_every_implementation_and_checks_them(tmp_path):
-    # benchmarks/linear_backward_gpu.py on tiny shapes under the interpreter: every implementation ran, agrees
+    # `tik-evo bench linear-backward --smoke`: tiny shapes under the interpreter: every implementation ran, agrees
     # with the fp32 product, and the JSON names the machine (speed under the interpreter means nothing).
     import json
 
-    bench = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "linear_backward_gpu.py",
-                        "bench_linear_backward")
+    from tik_evo.cli import main
+
     out = tmp_path / "lb.json"
-    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    assert main(["bench", "linear-backward", "--smoke", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["smoke"] and result["gpu"] == "cpu (interpreter)" and len(result["cells"]) == 2
     for cell in result["cells"]:
@@ -436,17 +437,13 @@ def test_backward_benchmark_smoke_times_every_implementation_and_checks_them(tmp
 
 
 def test_grouped_benchmark_backward_cell_times_both_dw_kernels_and_restores_the_root(monkeypatch):
-    # benchmarks/linear_grouped_gpu.py's backward cell on the CPU (interpreter, 4 experts, tiny sizes, a stub
+    # `tik-evo bench linear-grouped`'s backward cell on the CPU (interpreter, 4 experts, tiny sizes, a stub
     # timer): every dW variant, pointer and TMA, ran and agrees with the root's dW; the root's choice is restored.
-    import sys
 
     import torch
 
-    from tik_evo.candidate import load_module
-
-    root_dir = Path(__file__).resolve().parents[2]
-    bench = load_module(root_dir / "benchmarks" / "linear_grouped_gpu.py", "bench_linear_grouped")
-    matmul = sys.modules["ops_matmul_gpu"]
+    from tik_evo_bench import linear_grouped_gpu as bench  # its backward cell (see test_bench_registry)
+    from tik_evo_bench import ops_matmul_gpu as matmul
     monkeypatch.setattr(matmul, "DEVICE", "cpu")
     monkeypatch.setattr(bench, "EXPERTS", 4)
     monkeypatch.setattr(bench, "routed_starts", lambda *a, **k: torch.tensor([0, 9, 9, 40, 53], dtype=torch.int32))

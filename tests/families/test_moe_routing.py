@@ -113,7 +113,7 @@ def test_top_k_network_with_a_row_per_thread_compiles_to_fewer_instructions_for_
 
     full = {}
     for name, knobs in (("rounds", {}), ("net", {"FULL_TOPK_NET": True})):
-        out = offline("benchmarks/routing_compile_report.py", "--knobs",
+        out = offline("-m", "tik_evo.cli", "bench", "routing-compile", "--knobs",
                       json.dumps({"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1, **knobs}))
         full[name] = json.loads(out.splitlines()[0])
     net, rounds = full["net"], full["rounds"]

@@ -1,9 +1,8 @@
-"""tik_evo.graph_replay and benchmarks/model_graphs_gpu.py's harness on the CPU. A CUDA graph needs a GPU, so a
-stand-in "graph" here (`Rerun`) replays by calling the captured function again; what is checked is the bookkeeping: the
-arguments put back before the replay, a replay that writes nothing or other bits reported, a failed capture
-leaving the eager outputs, and a whole rollout going on from replayed outputs."""
+"""tik_evo.graph_replay (and its whole-rollout harness, which `tik-evo bench model-graphs` runs) on the CPU. A
+CUDA graph needs a GPU, so a stand-in "graph" here (`Rerun`) replays by calling the captured function again; what
+is checked is the bookkeeping: the arguments put back before the replay, a replay that writes nothing or other bits
+reported, a failed capture leaving the eager outputs, and a whole rollout going on from replayed outputs."""
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,13 +10,12 @@ import torch
 
 from tik_evo.candidate import load_module, load_source
 from tik_evo.families import available, load_family
-from tik_evo.graph_replay import CaptureError, Rerun, audit_checks, replay_check
+from tik_evo.graph_replay import CaptureError, Rerun, audit_checks, graph_rollout, mismatches, replay_check
 from tik_evo.knobs import read_knobs, write_knobs
+from tik_evo_kernels import peers
 from tik_evo_kernels.decoder import roots
 from tik_evo_kernels.moe_decoder import MoEDecoder, MoEShape
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-PEERS = load_module(BENCH / "model_peers.py", "model_peers")
 LENS, PROMPTS = [9, 12, 7], [5, 8, 4]
 
 
@@ -92,18 +90,17 @@ def sequences(seed: int) -> list[torch.Tensor]:
 
 
 def test_a_rollout_from_replays_gives_the_eager_rollouts_log_probs():
-    graphs = load_module(BENCH / "model_graphs_gpu.py", "model_graphs")
-    m = MoEDecoder(MoEShape(max_pos=32), 0, "cpu", impls=PEERS.torch_impls())
+    m = MoEDecoder(MoEShape(max_pos=32), 0, "cpu", impls=peers.torch_impls())
     seqs = sequences(1)
     eager = m.rollout_logprobs(seqs, PROMPTS)
-    replayed, tally = graphs.graph_rollout(m, seqs, PROMPTS, capture=Rerun)
-    assert graphs.mismatches(replayed, eager) == 0
+    replayed, tally = graph_rollout(m, seqs, PROMPTS, capture=Rerun)
+    assert mismatches(replayed, eager) == 0
     assert m._op.__func__ is MoEDecoder._op  # the model is given back unwrapped
     assert {"attention.full", "attention.decode", "linear.grouped_decode", "moe_routing.decode",
             "kv_append.decode", "logprob.decode"} <= set(tally)
     assert all(t["calls"] > 0 and t["written"] > 0 and t["differ"] == 0 for t in tally.values()), tally
     # A kernel whose bits change from call to call (every second call of SiLU-and-mul's decode here) is named.
-    peer, calls = PEERS.torch_impls(), []
+    peer, calls = peers.torch_impls(), []
 
     def flaky(gate, up, out):
         peer["silu_mul"].silu_mul_decode(gate, up, out)
@@ -112,7 +109,7 @@ def test_a_rollout_from_replays_gives_the_eager_rollouts_log_probs():
             out.add_(1)
 
     m.k = {**peer, "silu_mul": SimpleNamespace(silu_mul_full=peer["silu_mul"].silu_mul_full, silu_mul_decode=flaky)}
-    _, tally = graphs.graph_rollout(m, seqs, PROMPTS, capture=Rerun)
+    _, tally = graph_rollout(m, seqs, PROMPTS, capture=Rerun)
     assert tally["silu_mul.decode"]["differ"] > 0
     assert all(t["differ"] == 0 for key, t in tally.items() if key != "silu_mul.decode"), tally
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tik_evo.candidate import load_module
+from tik_evo.cli import main
 from tik_evo.knobs import read_knobs, write_knobs
 from tik_evo.records import Implementation
 from tik_evo.store import Store
@@ -15,8 +15,9 @@ from tik_evo_kernels.files import KernelArgError, kernel_sources
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def bench(name: str):
-    return load_module(ROOT / "benchmarks" / f"{name}.py", f"bench_{name}")
+def bench(suite: str, argv: list[str]) -> int:
+    """`tik-evo bench SUITE ARGV...` in this process."""
+    return main(["bench", suite, *argv])
 
 
 def variant(family: str, **knobs) -> str:
@@ -33,9 +34,8 @@ def test_a_kernel_file_and_a_runs_best_replace_roots_in_the_model_and_keep_it_bi
         t.put(Implementation("I4", t.put_source(variant("rmsnorm", FULL_ROWS_PER_PROGRAM=2)), [], "root", "best"))
         t.state["best"] = "I4"
     out = tmp_path / "policy.json"
-    rc = bench("policy_gpu").main(["--smoke", "--configs", "dense", "--no-step", "--kernel",
-                                   f"silu_mul={tmp_path / 'silu.py'}", "--best", str(tmp_path / "run"),
-                                   "--out", str(out)])
+    rc = bench("policy", ["--smoke", "--configs", "dense", "--no-step", "--kernel", f"silu_mul={tmp_path / 'silu.py'}",
+                          "--best", str(tmp_path / "run"), "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
     assert result["kernels"]["silu_mul"]["knobs"]["SILU_FORM"] == "exp2"
@@ -51,8 +51,8 @@ def test_a_rope_file_computing_cos_sin_itself_gets_the_frequencies_in_the_model(
     # RoPE call (rollout, training and the policy's forward and backward), and the bits still agree.
     (tmp_path / "rope.py").write_text(variant("rope", COS_SIN="sincos"))
     out = tmp_path / "policy.json"
-    rc = bench("policy_gpu").main(["--smoke", "--configs", "dense", "--no-step", "--kernel",
-                                   f"rope={tmp_path / 'rope.py'}", "--out", str(out)])
+    rc = bench("policy", ["--smoke", "--configs", "dense", "--no-step", "--kernel", f"rope={tmp_path / 'rope.py'}",
+                          "--out", str(out)])
     result = json.loads(out.read_text())
     assert rc == 0 and result["kernels"]["rope"]["knobs"]["COS_SIN"] == "sincos"
     c = result["configs"]["dense"]["checks"]
@@ -61,19 +61,19 @@ def test_a_rope_file_computing_cos_sin_itself_gets_the_frequencies_in_the_model(
 
 
 @pytest.mark.parametrize("script, args, message", [
-    ("model_consistency_gpu", ["--kernel", "nope=x.py"], "--kernel nope=x.py: family 'nope' is not one of"),
-    ("model_consistency_gpu", ["--model", "dense", "--kernel", "moe_routing={routing}"],
+    ("model", ["--kernel", "nope=x.py"], "--kernel nope=x.py: family 'nope' is not one of"),
+    ("model", ["--model", "dense", "--kernel", "moe_routing={routing}"],
      "family 'moe_routing' is not one of"),
-    ("model_speed_gpu", ["--kernel", "silu_mul={silu}", "--kernel", "silu_mul={silu}"],
+    ("model-speed", ["--kernel", "silu_mul={silu}", "--kernel", "silu_mul={silu}"],
      "silu_mul is already given by --kernel silu_mul="),
-    ("model_graphs_gpu", ["--kernel", "rope={silu}"], "its KNOBS: family 'rope' has no knob 'SILU_FORM'"),
-    ("policy_gpu", ["--kernel", "silu_mul={missing}"], "No such file or directory"),
+    ("model-graphs", ["--kernel", "rope={silu}"], "its KNOBS: family 'rope' has no knob 'SILU_FORM'"),
+    ("policy", ["--kernel", "silu_mul={missing}"], "No such file or directory"),
 ])
 def test_the_model_benchmarks_refuse_unusable_files_naming_them(tmp_path, capsys, script, args, message):
     (tmp_path / "silu.py").write_text(variant("silu_mul"))
     (tmp_path / "routing.py").write_text(variant("moe_routing"))
     paths = {"silu": tmp_path / "silu.py", "routing": tmp_path / "routing.py", "missing": tmp_path / "none.py"}
-    assert bench(script).main([a.format(**paths) for a in args] + ["--out", str(tmp_path / "x.json")]) == 2
+    assert bench(script, [a.format(**paths) for a in args] + ["--out", str(tmp_path / "x.json")]) == 2
     assert message in capsys.readouterr().out
 
 

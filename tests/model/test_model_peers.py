@@ -1,15 +1,13 @@
-"""benchmarks/model_peers.py, the model-level baseline (cuBLAS, SDPA, torch ops behind the families' entry
-points): the MoE decoder runs on it, its rollout agrees with its own training forward to bf16 accuracy (so the
+"""tik_evo_kernels.peers (kernels/peers.py), the model-level baseline (cuBLAS, SDPA, torch ops behind the families'
+entry points): the MoE decoder runs on it, its rollout agrees with its own training forward to bf16 accuracy (so the
 paged-cache append and masked decode attention are right), and it computes the same model as the kernels."""
 
-from pathlib import Path
 
 import torch
 
-from tik_evo.candidate import load_module
+from tik_evo_kernels import peers
 from tik_evo_kernels.moe_decoder import MoEDecoder, MoEShape
 
-PEERS = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "model_peers.py", "model_peers")
 LENS, PROMPTS = [9, 12, 7], [5, 8, 4]
 
 
@@ -25,14 +23,14 @@ def close(a, b, atol):
 def test_torch_peers_compute_the_kernels_model():
     shape, seqs = MoEShape(experts=0, intermediate=96), sequences(3)
     ours = MoEDecoder(shape, 1, "cpu").training_logprobs(seqs, PROMPTS)
-    peer = MoEDecoder(shape, 1, "cpu", impls=PEERS.torch_impls())
+    peer = MoEDecoder(shape, 1, "cpu", impls=peers.torch_impls())
     train = peer.training_logprobs(seqs, PROMPTS)
     assert close(train, ours, 0.2), (train, ours)
     assert close(peer.rollout_logprobs(seqs, PROMPTS), train, 0.2)
 
 
 def test_torch_peers_run_the_moe_model():
-    m = MoEDecoder(MoEShape(), 0, "cpu", impls=PEERS.torch_impls())
+    m = MoEDecoder(MoEShape(), 0, "cpu", impls=peers.torch_impls())
     seqs = sequences(4)
     train, rollout = m.training_logprobs(seqs, PROMPTS), m.rollout_logprobs(seqs, PROMPTS)
     assert m.expert_rows == (2 * sum(LENS) - len(LENS)) * 2 * 2
@@ -40,12 +38,13 @@ def test_torch_peers_run_the_moe_model():
 
 
 def test_decode_step_measurement_counts_each_family_per_step():
-    # benchmarks/model_speed_gpu.py's rollout measurement labels every decode-path kernel call by family (the
+    # `tik-evo bench model-speed`'s rollout measurement labels every decode-path kernel call by family (the
     # profiler sums kernel time under those labels); on the CPU only the labels and counts are checkable. Per
     # step of the default MoE shape (2 layers): qkv, o, router and three grouped expert projections per layer,
     # plus the lm_head; one attention, RoPE and routing call per layer.
-    speed = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "model_speed_gpu.py", "model_speed")
-    m = MoEDecoder(MoEShape(max_pos=32), 0, "cpu", impls=PEERS.torch_impls())
+    from tik_evo_bench import model_speed_gpu as speed  # its measurement code (see test_bench_registry)
+
+    m = MoEDecoder(MoEShape(max_pos=32), 0, "cpu", impls=peers.torch_impls())
     d = speed.decode_step_us(m, batch=3, prompt=5, steps=4, vocab=512)
     assert d["linear"]["calls_per_step"] == 2 * 6 + 1
     assert {f: d[f]["calls_per_step"] for f in ("attention", "rope", "moe_routing", "kv_append")} == \

@@ -87,16 +87,14 @@ def test_embedding_backward_sums_each_tokens_rows_like_fp64():
 
 
 def test_policy_glue_benchmark_smoke_runs_every_cell(tmp_path):
-    # benchmarks/policy_glue_gpu.py on tiny shapes under the interpreter: every kernel and the torch code it
+    # `tik-evo bench policy-glue --smoke`: tiny shapes under the interpreter: every kernel and the torch code it
     # replaced ran and agrees with the fp32 reference (speed under the interpreter means nothing).
     import json
-    from pathlib import Path
 
-    from tik_evo.candidate import load_module
+    from tik_evo.cli import main
 
-    bench = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "policy_glue_gpu.py", "policy_glue")
     out = tmp_path / "glue.json"
-    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    assert main(["bench", "policy-glue", "--smoke", "--out", str(out)]) == 0
     cells = json.loads(out.read_text())["cells"]
     assert len(cells) == 11 and all("error" not in c for c in cells.values()), cells  # the CPU has no varlen flash
     assert cells["attention.fwd.packed"]["bits_differing_vs_per_sequence"] == 0

@@ -1,7 +1,7 @@
 """The whole-model claim with every family and batched rollouts (kernels/moe_decoder.py): sequences of different
 prompt and answer lengths, prefilled packed and decoded together from a paged KV cache, record the log-probs
 that one packed training forward computes, bit for bit. Under the interpreter this checks the composition;
-GPU bits are measured by benchmarks/model_consistency_gpu.py --model moe."""
+GPU bits are measured by `tik-evo bench model --model moe`."""
 
 import math
 

@@ -65,18 +65,17 @@ def test_resident_programs_counts_what_limits_an_sm():
 
 
 def test_norm_backward_benchmark_smoke_runs_every_schedule(tmp_path):
-    # benchmarks/norm_backward_gpu.py on tiny shapes under the interpreter: every schedule ran on every shape and
+    # `tik-evo bench norm-backward --smoke`: tiny shapes under the interpreter: every schedule ran on every shape and
     # agrees with the first schedule and with fp64 (speed under the interpreter means nothing); the module's knobs
     # are restored afterwards.
     import json
-    from pathlib import Path
 
-    from tik_evo.candidate import load_module
 
     before = dict(norm_backward.KNOBS)
-    bench = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "norm_backward_gpu.py", "nb_bench")
+    from tik_evo.cli import main
+
     out = tmp_path / "nb.json"
-    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    assert main(["bench", "norm-backward", "--smoke", "--out", str(out)]) == 0
     assert before == norm_backward.KNOBS
     shapes = json.loads(out.read_text())["shapes"]
     assert len(shapes) == 3 and shapes[0]["schedules"][0]["dx_rel_l2_vs_fp64"] < 1e-2
@@ -88,9 +87,8 @@ def test_norm_backward_benchmark_smoke_runs_every_schedule(tmp_path):
 
 
 COMPILE = """
-import json, sys
-sys.path.insert(0, ".")
-from benchmarks.sm90 import compile_sm90
+import json
+from tik_evo.sm90 import compile_sm90
 from tik_evo_kernels.moe_combine import _combine_bwd_kernel, _combine_kernel
 from tik_evo_kernels.norm_backward import _rms_bwd_kernel
 from tik_evo_kernels.silu_mul.root import _silu_mul_bwd_kernel
@@ -132,10 +130,8 @@ def test_policy_backward_kernels_compile_for_hopper_without_spills(offline):
 
 
 OFFLINE = """
-import json, sys
-sys.path.insert(0, ".")
-from tik_evo.candidate import load_module
-bench = load_module(__import__("pathlib").Path("benchmarks/norm_backward_gpu.py"), "nb_bench")
+import json
+from tik_evo_bench import norm_backward_gpu as bench  # its offline report (see test_bench_registry)
 rows = bench.offline({"add+norm": (8192, 2560, True)}, [bench.BEFORE, {**bench.BEFORE, "PROGRAMS_PER_SM": 0}])
 print(json.dumps(rows))
 """

@@ -2,7 +2,6 @@
 bits (so the rollout's), and its gradients, through each family's backward, agree with autograd of the same
 model written in torch (`tik_evo_kernels.autograd.TorchOps`) to bf16 accuracy."""
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -126,12 +125,12 @@ def test_vendor_matmul_backward_gives_torchs_gradients():
 
 
 def test_a_policy_step_profile_splits_by_family_and_direction():
-    # benchmarks/policy_gpu.py's breakdown: every call is labelled forward and backward (on the CPU only the labels
+    # `tik-evo bench policy`'s breakdown: every call is labelled forward and backward (on the CPU only the labels
     # and counts are checkable). Dense, 2 layers, 3 sequences: qkv, o, gate, up, down per layer plus the lm_head;
     # one packed attention call per layer.
-    from tik_evo.candidate import load_module
 
-    policy = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "policy_gpu.py", "policy_bench")
+    from tik_evo_bench import policy_gpu as policy  # its measurement code (see test_bench_registry)
+
     m = MoEDecoder(MoEShape(experts=0, intermediate=96), 1, "cpu")
     for p in m.parameters():
         p.requires_grad_(True)
@@ -148,8 +147,8 @@ def test_a_policy_step_profile_splits_by_family_and_direction():
 
 
 def test_policy_benchmark_names_a_wrong_matmul_backward(capsys):
-    from tik_evo.candidate import load_module
 
-    policy = load_module(Path(__file__).resolve().parents[2] / "benchmarks" / "policy_gpu.py", "policy_bench")
-    assert policy.main(["--smoke", "--matmul-backward", "vendor,cublas", "--out", "/dev/null"]) == 2
+    from tik_evo.cli import main
+
+    assert main(["bench", "policy", "--smoke", "--matmul-backward", "vendor,cublas", "--out", "/dev/null"]) == 2
     assert "--matmul-backward 'vendor,cublas'" in capsys.readouterr().out

@@ -1,5 +1,6 @@
 """The `tik-evo` subcommands by theme: `run` (run, resume, sweep), `inspect` (status, show, lineage, export,
-compare, plot, tui), `check` (a campaign and its family, checked without running), `kernel` (kernel, audit, bench).
+compare, plot, tui), `check` (a campaign and its family, checked without running), `kernel` (kernel,
+audit), `bench` (the benchmark suites).
 `tik_evo.cli` parses the command line and calls one of them; each returns the exit code."""
 
 from __future__ import annotations

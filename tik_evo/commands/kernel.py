@@ -1,10 +1,6 @@
-"""`tik-evo kernel`, `audit` and `bench`: kernel files outside a search: write one, judge one, benchmark them."""
+"""`tik-evo kernel` and `audit`: kernel files outside a search: write one, judge one."""
 
 from __future__ import annotations
-
-import importlib
-import sys
-from pathlib import Path
 
 from tik_evo.commands import console, out, write_text
 from tik_evo.config import ConfigError
@@ -68,36 +64,3 @@ def cmd_audit(args) -> int:
     else:
         out.print(render(result), highlight=False, soft_wrap=True)
     return 0 if result["verified"] else 1
-
-
-# `tik-evo bench NAME` for the benchmarks that are not one family's: NAME -> benchmarks/<script>.py
-SUITES = {"ops": "ops_gpu", "model": "model_consistency_gpu", "model-speed": "model_speed_gpu",
-          "model-graphs": "model_graphs_gpu", "policy": "policy_gpu", "policy-glue": "policy_glue_gpu"}
-
-
-def cmd_bench(args) -> int:
-    """`tik-evo bench attention` runs kernels/attention/bench.py; `tik-evo bench ops` the operator families;
-    `tik-evo bench model` rollout against training log-probs of a whole model, `model-speed` its training forward
-    against cuBLAS / SDPA / torch, `model-graphs` its rollout with every kernel call replayed from a CUDA graph,
-    `policy` the policy update (forward + backward) on the kernels, `policy-glue` its glue kernels against the
-    torch code they replaced; `search CAMPAIGN` how much of the gap to a known good set each search arm closes."""
-    if args.family == "search":
-        from tik_evo import search_bench
-
-        return search_bench.cli(args.rest)
-    if args.family in SUITES:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-        module = importlib.import_module(SUITES[args.family])
-    else:
-        try:
-            module = importlib.import_module(f"tik_evo_kernels.{args.family}.bench")
-        except ModuleNotFoundError as e:
-            from tik_evo.families import available
-
-            if args.family not in available():
-                raise ConfigError(f"tik-evo bench: {args.family!r} is neither a suite ({', '.join(SUITES)}) nor a "
-                                  f"kernel family ({', '.join(available())})") from e
-            raise ConfigError(f"family {args.family!r} has no benchmark of its own (kernels/{args.family}/bench.py);"
-                              f" operator families are benchmarked together: `tik-evo bench ops --families "
-                              f"{args.family}`") from e
-    return int(module.main(args.rest) or 0)

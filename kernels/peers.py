@@ -2,24 +2,48 @@
 PyTorch SDPA for attention (flash or efficient kernels on the GPU), torch element-wise ops for norms, RoPE
 (HF's formulation: the cos/sin rows cast to the activations' dtype), SiLU-and-mul, routing, and log_softmax for
 the log-prob. Same signatures as the roots, so kernels/moe_decoder.py runs on either (`torch_impls()`): the
-model-level cost of the unified kernels is measured against these (benchmarks/model_speed_gpu.py). Not
+model-level cost of the unified kernels is measured against these (tik-evo bench model-speed). Not
 batch-invariant and not meant to be.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-# The per-family benchmarks' peers, so the model-level baseline is the one each family is measured against.
-from ops_matmul_gpu import logprob_torch, routing_torch  # noqa: E402
-from ops_rowwise_gpu import hf_rmsnorm as _rms  # noqa: E402
-from ops_rowwise_gpu import rotate_half  # noqa: E402
+
+# The per-family benchmarks (tik_evo_bench.ops_rowwise_gpu, ops_matmul_gpu) time these same references, so the
+# model-level baseline is the one each family is measured against.
+def hf_rmsnorm(x, w, eps=1e-6):
+    """Hugging Face's RMSNorm: normalised in fp32, cast back to the activations' dtype, then scaled."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+_rms = hf_rmsnorm
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def logprob_torch(logits, target, temperature=1.0):
+    """Log-probs of `target` and the entropy, from log_softmax in fp32."""
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    return logp.gather(-1, target[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+
+
+def routing_torch(logits, top_k=8):
+    """Softmax over the experts, the top k, weights renormalised."""
+    p = torch.softmax(logits.float(), -1)
+    w, i = torch.topk(p, top_k, -1)
+    w = w / w.sum(-1, keepdim=True)
+    return w.to(logits.dtype), i
+
 
 
 def _both(name: str, fn) -> SimpleNamespace:

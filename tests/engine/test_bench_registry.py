@@ -1,0 +1,83 @@
+"""`tik-evo bench`: the registry of suites (tik_evo_bench.SUITES, benchmarks/__init__.py) is what the command lists
+and runs; every registered suite imports and describes its arguments on a CPU machine (`NAME --help`), GPU-only
+ones included; the folder holds no path hacks and no file outside the registry's modules and shared helpers."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import tik_evo_bench
+from tik_evo.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_no_name_or_list_prints_every_suite_with_its_device(capsys):
+    for argv in (["bench"], ["bench", "--list"]):
+        assert main(argv) == 0
+        listed = capsys.readouterr().out.splitlines()[1:]
+        assert [line.split()[0] for line in listed] == list(tik_evo_bench.SUITES)
+        for line, suite in zip(listed, tik_evo_bench.SUITES.values()):
+            assert line.split()[1] == ("GPU" if suite.gpu else "CPU") and suite.about in line
+
+
+@pytest.mark.parametrize("name", list(tik_evo_bench.SUITES))
+def test_every_suite_imports_and_parses_help_on_the_cpu(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", name, "--help"])
+    assert e.value.code == 0
+    usage = capsys.readouterr().out
+    assert usage.startswith(f"usage: tik-evo bench {name}"), usage[:200]
+
+
+def test_an_unknown_name_is_refused_naming_the_suites(capsys):
+    assert main(["bench", "no_such_suite"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "'no_such_suite' is not a suite" in err and "model-graphs" in err
+    assert main(["bench", "rmsnorm"]) == 2  # a family without a bench of its own: sent to `bench ops`
+    assert "tik-evo bench ops --families rmsnorm" in " ".join(capsys.readouterr().err.split())
+
+
+def test_the_folder_is_the_registry_its_helpers_and_no_path_edits():
+    modules = {s.module.removeprefix("tik_evo_bench.") for s in tik_evo_bench.SUITES.values()
+               if s.module.startswith("tik_evo_bench.")}
+    files = {p.stem for p in (ROOT / "benchmarks").glob("*.py")}
+    assert files == modules | {"__init__", "common"}
+    for path in (ROOT / "benchmarks").rglob("*.py"):
+        assert not re.search(r"sys\.path\.(insert|append)", path.read_text()), path
+    assert not (ROOT / "benchmarks" / "variants").exists()  # knob sets live in kernels/<family>/sets.yaml
+
+
+def test_the_shared_header_names_date_device_and_versions(tmp_path):
+    import torch
+    import triton
+
+    from tik_evo_bench.common import header, write_json
+
+    h = header()
+    assert set(h) == {"date", "gpu", "torch", "triton"} and re.match(r"\d{4}-\d\d-\d\dT", h["date"])
+    assert (h["torch"], h["triton"]) == (torch.__version__, triton.__version__)
+    assert header(gpu="cpu (interpreter)")["gpu"] == "cpu (interpreter)"
+    path = write_json(tmp_path / "new" / "x.json", {"a": 1, **h})
+    assert path.read_text().startswith('{\n "a": 1')
+
+
+# Tests that still check a suite's own measurement code by importing its module (the policy step's and the model's
+# per-family breakdowns, the linear Nsight driver's parsing, the ops suites' bookkeeping, the norm backward's offline
+# report): each should move to `tik-evo bench NAME --smoke` / --dry-run runs or its code to tik_evo_kernels.
+IMPORTS_A_SUITE = {"test_policy_gradient.py", "test_model_peers.py", "test_norm_backward.py", "test_linear.py",
+                   "test_bench_ops.py"}
+
+
+def test_no_test_loads_a_benchmark_by_path_and_few_import_one():
+    # a test reaches a suite through `tik-evo bench NAME`; library code it needs lives in tik_evo / tik_evo_kernels
+    importing = set()
+    for path in (ROOT / "tests").rglob("*.py"):
+        if path.name == Path(__file__).name:
+            continue
+        text = path.read_text()
+        assert not re.search(r"\"benchmarks\" / f?\"(?!__init__)[\w{}]+\.py|benchmarks/\w+\.py", text), path
+        if re.search(r"import tik_evo_bench|from tik_evo_bench", text):
+            importing.add(path.name)
+    assert importing <= IMPORTS_A_SUITE, importing - IMPORTS_A_SUITE
