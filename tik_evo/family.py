@@ -58,11 +58,18 @@ class EntryPoint:
     required: bool = True
     returns: bool = False
     updates: tuple[str, ...] = ()
+    # A gradient: need not be bit-exact between paths (not graph-replayed against its eager call); see `Backward`.
+    backward: bool = False
 
     def __post_init__(self) -> None:
         unknown = [p for p in (*self.writes, *self.optional, *self.updates) if p not in self.params]
         if unknown:
             raise ValueError(f"entry point {self.name}: {unknown} not among its params {list(self.params)}")
+
+
+def Backward(name: str, params: tuple[str, ...], **kw: Any) -> EntryPoint:  # noqa: N802 - reads as a declaration
+    """A backward entry point: the policy update's gradients."""
+    return EntryPoint(name, params, backward=True, **kw)
 
 
 @dataclass(frozen=True)

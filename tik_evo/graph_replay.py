@@ -135,12 +135,10 @@ class Rerun:
         self.fn()
 
 
-def replayed_names(impl, entry_points: tuple[str, ...]) -> list[str]:
-    """The forward entry points of a kernel file: the family's (its backward ones excepted: a backward need not
-    be bit-exact) and any other public `*_full` / `*_decode` function (e.g. linear's grouped launches)."""
-    extra = [n for n in dir(impl) if not n.startswith("_") and n.endswith(("_full", "_decode"))
-             and callable(getattr(impl, n))]
-    return [n for n in dict.fromkeys([*entry_points, *extra]) if "backward" not in n and hasattr(impl, n)]
+def replayed_names(impl, signatures) -> list[str]:
+    """The forward entry points a kernel file defines, as its family declares them (`EntryPoint`; a backward
+    need not be bit-exact, so it is not replayed)."""
+    return [s.name for s in signatures if not s.backward and hasattr(impl, s.name)]
 
 
 class _Replayed:
@@ -170,7 +168,7 @@ def audit_checks(family, impl, seed: int, device: str, capture: Callable | None 
 
     capture = capture or (capture_one if device == "cuda" else Rerun)
     tally: dict = {}
-    proxy = _Replayed(impl, replayed_names(impl, family.entry_points), tally, capture)
+    proxy = _Replayed(impl, replayed_names(impl, family.signatures), tally, capture)
     out = []
     for case in family.check_cases("small"):
         out += [Check(f"replayed: {c.name}", c.passed, c.kind, c.details)
@@ -181,7 +179,7 @@ def audit_checks(family, impl, seed: int, device: str, capture: Callable | None 
                          t["differ"] == 0 and not t["capture_failures"], kind, dict(t)))
     if not tally:
         out.append(Check("graph replay: the small cases call an entry point", False, "graph",
-                         {"entry_points": replayed_names(impl, family.entry_points)}))
+                         {"entry_points": replayed_names(impl, family.signatures)}))
     return out
 
 

@@ -250,7 +250,7 @@ class RemoteModule:
             prod_bound = {k: (None if k in production else v) for k, v in bound.items()}
             prod_out, _ = self._run(name, sig, prod_bound, copy_back=False)
         outs, result = self._run(name, sig, bound, copy_back=True)
-        if self.replay_tally is not None and "backward" not in name:
+        if self.replay_tally is not None and not sig.backward:
             self._replay(name, sig, pre, outs)
         if prod_out is not None:
             for p, t in prod_out.items():

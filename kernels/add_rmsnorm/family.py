@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tik_evo import checks, interp
-from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo.family import Backward, Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 from tik_evo_kernels.rmsnorm.family import SPREAD, drawn_row_cases, spread_randn
 
 EPS = 1e-6
@@ -43,7 +43,7 @@ class AddRMSNormFamily(Family):
         EntryPoint("add_rmsnorm_decode", ("x", "residual", "weight", "eps", "out", "res_out", "out32"),
                    writes=("out", "res_out", "out32"), optional=("out32",)),
         # (grad_h, grad_weight), new tensors; grad_res may be None (no gradient on the residual output).
-        EntryPoint("add_rmsnorm_backward", ("grad_out", "grad_res", "h", "weight", "eps"), returns=True),
+        Backward("add_rmsnorm_backward", ("grad_out", "grad_res", "h", "weight", "eps"), returns=True),
     )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "hidden"), "decode": ("batch", "hidden")}

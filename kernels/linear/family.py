@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tik_evo import checks, interp
-from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo.family import Backward, Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 
 FP32_TOL = 1e-5  # fp32 accumulation of exact bf16 products against fp64
@@ -58,9 +58,9 @@ class LinearFamily(Family):
         # An MoE layer's experts in one launch, and the gradients (a file may lack them: checked where present).
         *(EntryPoint(name, ("x", "weights", "starts", "out", "out32"), writes=("out", "out32"), optional=("out32",),
                      required=False) for name in ("linear_grouped_full", "linear_grouped_decode")),
-        EntryPoint("linear_backward", ("x", "weight", "grad_out", "grad_x", "grad_weight", "grad_bias"),
+        Backward("linear_backward", ("x", "weight", "grad_out", "grad_x", "grad_weight", "grad_bias"),
                    writes=("grad_x", "grad_weight", "grad_bias"), optional=("grad_bias",), required=False),
-        EntryPoint("linear_grouped_backward", ("x", "weights", "starts", "grad_out", "grad_x", "grad_weights"),
+        Backward("linear_grouped_backward", ("x", "weights", "starts", "grad_out", "grad_x", "grad_weights"),
                    writes=("grad_x", "grad_weights"), required=False),
     )
     phases = ("full", "decode")

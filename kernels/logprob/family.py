@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tik_evo import checks, interp
-from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo.family import Backward, Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 
 FP32_TOL = 1e-5  # fp32 online softmax over ~1e5 columns against fp64
@@ -32,7 +32,7 @@ class LogprobFamily(Family):
         *(EntryPoint(name, ("logits", "target", "temperature", "logprob", "entropy", "lse"),
                      writes=("logprob", "entropy", "lse"), optional=("lse",))
           for name in entry_points),
-        EntryPoint("logprob_backward", ("logits", "target", "temperature", "grad_logprob", "grad_entropy",
+        Backward("logprob_backward", ("logits", "target", "temperature", "grad_logprob", "grad_entropy",
                                         "grad_logits"), writes=("grad_logits",), required=False),
     )
     phases = ("full", "decode")

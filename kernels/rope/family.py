@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from tik_evo import checks, interp
-from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo.family import Backward, Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 
 _ROPE_PARAMS = ("q", "k", "cos", "sin", "positions", "q_out", "k_out", "q32", "k32", "inv_freq", "rows")
@@ -87,7 +87,7 @@ class RoPEFamily(Family):
     signatures = (
         *(EntryPoint(name, _ROPE_PARAMS, writes=("q_out", "k_out", "q32", "k32"), optional=("q32", "k32"))
           for name in ("rope_full", "rope_decode")),
-        EntryPoint("rope_backward", ("grad_q", "grad_k", "cos", "sin", "positions", "dq", "dk", "inv_freq", "rows"),
+        Backward("rope_backward", ("grad_q", "grad_k", "cos", "sin", "positions", "dq", "dk", "inv_freq", "rows"),
                    writes=("dq", "dk")),
     )
     phases = ("full", "decode")

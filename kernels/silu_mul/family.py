@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tik_evo import checks, interp
-from tik_evo.family import Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
+from tik_evo.family import Backward, Bench, Check, EntryPoint, Family, Knob, OpportunitySpec
 from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 
 
@@ -31,7 +31,7 @@ class SiluMulFamily(Family):
     signatures = (
         EntryPoint("silu_mul_full", ("gate", "up", "out", "out32"), writes=("out", "out32"), optional=("out32",)),
         EntryPoint("silu_mul_decode", ("gate", "up", "out", "out32"), writes=("out", "out32"), optional=("out32",)),
-        EntryPoint("silu_mul_backward", ("gate", "up", "grad_out"), returns=True),  # (grad_gate, grad_up)
+        Backward("silu_mul_backward", ("gate", "up", "grad_out"), returns=True),  # (grad_gate, grad_up)
     )
     phases = ("full", "decode")
     workload_params = {"full": ("tokens", "intermediate"), "decode": ("batch", "intermediate")}

@@ -103,3 +103,17 @@ def test_root_passes_its_drawn_cases(name):
         for case in family.drawn_cases(random.Random(s)):
             bad += [(s, case, c.name, c.details) for c in family.run_checks(root, case, 0, "cpu") if not c.passed]
     assert bad == []
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_graph_stage_replays_what_the_family_declares_forward(name):
+    """The declaration, not the names, says which entry points the graph stage replays: every forward one the
+    root defines, no backward one (a gradient need not be bit-exact between paths)."""
+    from tik_evo.graph_replay import replayed_names
+
+    family = load_family(name)
+    replayed = replayed_names(_root(family), family.signatures)
+    assert set(family.entry_points) - {s.name for s in family.signatures if s.backward} <= set(replayed)
+    assert not {s.name for s in family.signatures if s.backward} & set(replayed)
+    # A gradient is declared as one: no undeclared backward hides among the forward entry points.
+    assert all(s.backward == ("backward" in s.name) for s in family.signatures), name
