@@ -210,21 +210,28 @@ class Runner:
         done, errors = 0, []
         # Triton's asynchronous compile mode: each launch queues its compile and the calls go on, so the
         # kernels of all calls compile at once on `threads` threads (LLVM and ptxas release the GIL).
-        with ThreadPoolExecutor(max(1, int(msg.get("threads", 1)))) as pool, \
-                AsyncCompileMode(pool, ignore_errors=True):
-            for c in msg["calls"]:
-                try:
-                    self.closure(c)()
-                    done += 1
-                except Exception as e:  # noqa: BLE001 - nothing of a warm pass is a verdict
-                    where = traceback.extract_tb(e.__traceback__)[-1]
-                    errors.append(f"{c.get('fn')}: {type(e).__name__}: {e} "
-                                  f"({Path(where.filename).name}:{where.lineno})"[:300])
+        with ThreadPoolExecutor(max(1, int(msg.get("threads", 1)))) as pool:
+            try:
+                with AsyncCompileMode(pool):
+                    for c in msg["calls"]:
+                        try:
+                            self.closure(c)()
+                            done += 1
+                        except Exception as e:  # noqa: BLE001 - nothing of a warm pass is a verdict
+                            errors.append(f"{c.get('fn')}: {_where(e)}")
+            except Exception as e:  # noqa: BLE001 - a kernel that did not compile: the audit will say why
+                errors.append(f"compile: {_where(e)}")
         return {"ok": True, "calls": done, "failed": len(errors), "errors": errors[:5]}
 
     def tampered(self) -> list[str]:
         now = _critical()
         return [k for k, v in self.pristine.items() if now.get(k) is not v]
+
+
+def _where(e: BaseException) -> str:
+    frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    at = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
+    return f"{type(e).__name__}: {e}{at}"[:300]
 
 
 def _run(r: Runner, msg: dict[str, Any]) -> dict[str, Any]:

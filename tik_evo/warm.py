@@ -124,6 +124,7 @@ def warm(source: str, calls: list[dict[str, Any]], capability: list[int], opts: 
         from tik_evo import sandbox
 
         sandbox.kill_descendants()
+    report["cubins"] = sum(1 for _ in Path(opts["cache_dir"]).rglob("*.cubin"))  # compiled, here or before
     report["seconds"] = time.time() - t0
     return report
 

@@ -43,9 +43,10 @@ def cubins(d):
 def test_a_warm_pass_compiles_the_candidates_kernels_with_no_gpu(tmp_path):
     opts = opts_for(tmp_path, ROOT_SRC)
     report = warm.warm(ROOT_SRC, CALLS, [9, 0], opts, timeout=120)
-    assert report.get("error") is None and (report["calls"], report["failed"]) == (2, 0), report.get("errors")
+    assert report.get("error") is None and (report["calls"], report["failed"]) == (2, 0), report
     # Two widths, two specialisations of the one row kernel, in the candidate's own lineage cache directory.
-    assert cubins(opts["cache_dir"]) == ["_rms_rows_kernel.cubin", "_rms_rows_kernel.cubin"]
+    assert cubins(opts["cache_dir"]) == ["_rms_rows_kernel.cubin", "_rms_rows_kernel.cubin"], report
+    assert report["cubins"] == 2
 
 
 def test_a_warm_pass_that_hangs_or_raises_is_a_report_not_a_verdict(tmp_path):

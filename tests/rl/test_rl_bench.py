@@ -1,4 +1,4 @@
-"""The GRPO benchmark's runner on the CPU (`python -m tik_evo.rl.bench`): every arm's steps recorded with their
+"""The GRPO benchmark's runner on the CPU (`tik-evo bench rl`): every arm's steps recorded with their
 phases, ratios and rewards, a summary and a markdown report, and bad arguments refused by name."""
 
 import json

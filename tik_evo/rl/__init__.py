@@ -8,7 +8,7 @@
     trainer.py     one synchronous step: rollout -> reward -> advantages -> (recompute) -> update
     arms.py        A (torch baseline + recompute), B (unified kernels, rollout log-probs reused), C (A, no recompute)
     vendor.py      arm A's GPU stack: cuBLAS, flash attention, Liger-Kernel where it imports and passes a probe
-    shapes.py      the model shapes; bench.py the runner (`python -m tik_evo.rl.bench`); report.py its summary
+    shapes.py      the model shapes; bench.py the runner (`tik-evo bench rl`); report.py its summary
 
 Which log-probs are reused (synchronous mode, staleness 0): the batch is sampled by the weights being updated,
 so the "old" log-probs of PPO are the current policy's. Arm B reuses the rollout's (the training forward gives

@@ -3,9 +3,9 @@ their steps interleaved (A, B, C, A, B, C, ...) or one arm after another (`--ord
 three copies and optimizer states do not fit together). Writes a JSON record (date, device, versions, every
 step's per-phase seconds, tokens, peak memory, rewards and PPO ratio statistics) and a markdown summary beside it.
 
-    python -m tik_evo.rl.bench --arms A,B,C --steps 20 --model qwen3-0.6b-shape --prompts 64 --group 8 \\
+    tik-evo bench rl --arms A,B,C --steps 20 --model qwen3-0.6b-shape --prompts 64 --group 8 \\
         --prompt-len 256 --max-new 1024 --out results/rl/h100_grpo_0.6b.json
-    python -m tik_evo.rl.bench --model small --sft-steps 300 --steps 200 --seed 0 --out runs/rl_parity_s0.json
+    tik-evo bench rl --model small --sft-steps 300 --steps 200 --seed 0 --out runs/rl_parity_s0.json
 
 Without a GPU it runs on the CPU, the kernels under Triton's interpreter: the loop's code paths, no speed.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m tik_evo.rl.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="tik-evo bench rl", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arms", default="A,B,C", help="comma-separated arms (A: baseline + recompute, B: unified "
                     "kernels, no recompute, C: baseline without recompute)")
