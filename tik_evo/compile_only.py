@@ -14,6 +14,7 @@ from typing import Any
 
 
 def install(capability: tuple[int, int], warp_size: int = 32) -> None:
+    _fresh_triton()
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
@@ -59,7 +60,6 @@ def install(capability: tuple[int, int], warp_size: int = 32) -> None:
         def clear_cache(self, cache: Any) -> None:
             pass
 
-    _fresh_language()
     triton.runtime.driver.set_active(CompileOnlyDriver())
     run = JITFunction.run
 
@@ -70,10 +70,10 @@ def install(capability: tuple[int, int], warp_size: int = 32) -> None:
     launch.ENABLED = False
 
 
-def _fresh_language() -> None:
-    """A runner forked from a judge that interprets (CPU tests) inherits triton.language built for the
-    interpreter (its @jit helpers interpreted functions): import it again, now that nothing interprets."""
-    import importlib
+def _fresh_triton() -> None:
+    """A runner forked from a judge that interprets (CPU tests) inherits a Triton built for the interpreter: its
+    language's @jit helpers are interpreted functions, and its compiler refers to that language. Import Triton
+    again (all but its C extension), and tik-evo's launch path with it, now that nothing interprets."""
     import os
     import sys
 
@@ -83,9 +83,10 @@ def _fresh_language() -> None:
     os.environ.pop("TRITON_INTERPRET", None)
     if isinstance(triton.language.standard.sum, JITFunction):
         return
-    for name in [n for n in sys.modules if n.startswith(("triton.language", "triton.experimental"))]:
-        del sys.modules[name]
-    triton.language = importlib.import_module("triton.language")
+    for name in list(sys.modules):
+        if ((name == "triton" or name.startswith("triton.")) and not name.startswith("triton._C")) \
+                or name == "tik_evo.launch":
+            del sys.modules[name]
 
 
 def meta(dtype: Any, shape: list[int]) -> Any:
