@@ -5,6 +5,9 @@
    spread is the error it would carry with one anchor for all.
 2. The same campaign run with one GPU and with all of them, to the same evaluation budget: wall time, audits
    per minute, the speed-up found.
+3. With --in-flight N, on one GPU: the campaign with one audit at a time against N in flight, each compiling its
+   kernels ahead with no GPU while another holds the card (audits per minute, the warm passes, the waits):
+   `tik-evo bench concurrent-audits campaigns/h200_attention.yaml --in-flight 4 --evals 24 --out F.json`.
 
 Usage (a machine with 2+ GPUs): tik-evo bench concurrent-audits campaigns/h200_rmsnorm.yaml \
     --evals 16 --out results/engine/concurrent_audits.json
@@ -71,7 +74,24 @@ def run_campaign(campaign: str, overrides: list[str], run_dir: Path, timeout_s: 
             "audit_s_median": statistics.median(u.seconds for u in audits[1:]) if len(audits) > 1 else None,
             "speedup": st["root_objective"] / st["best_objective"], "best": st["best"],
             "failures_by_kind": st["failures_by_kind"], "finished": st["finished"]["reason"],
-            "gpus_used": sorted({u.device.get("gpu_index") for u in audits if u.device.get("gpu_index") is not None})}
+            "gpus_used": sorted({u.device.get("gpu_index") for u in audits if u.device.get("gpu_index") is not None}),
+            **_warm_summary(audits)}
+
+
+def _warm_summary(audits) -> dict:
+    """Compile ahead and the GPU lock, over the offspring's audits: medians of the warm pass's seconds and the
+    cubins its cache held, and of the wait for the GPU."""
+    warm = [u.device["warm"] for u in audits if u.device.get("warm")]
+    waits = [u.device["gpu_lock"]["waited_s"] for u in audits if u.device.get("gpu_lock", {}).get("waited_s")
+             is not None]
+    out: dict = {}
+    if warm:
+        out["warm"] = {"audits": len(warm), "seconds_median": statistics.median(w.get("seconds", 0) for w in warm),
+                       "cubins_median": statistics.median(w.get("cubins", 0) for w in warm),
+                       "with_errors": sum(1 for w in warm if w.get("error") or w.get("failed"))}
+    if waits:
+        out["gpu_lock_wait_s_median"] = statistics.median(waits)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,10 +100,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--evals", type=int, default=16, help="evaluation budget of each run")
     p.add_argument("--gpus", type=int, default=0, help="GPUs to use (default: every visible one)")
     p.add_argument("--interpret", action="store_true", help="no GPU: the interpreter with evaluate.parallel")
+    p.add_argument("--in-flight", type=int, default=0, help="one GPU: evaluate.in_flight=1 against this many "
+                   "audits in flight, each compiling ahead (evaluate.warm) while another holds the GPU")
     p.add_argument("--timeout-s", type=float, default=500, help="per run")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     extra = [f"search.max_evaluations={args.evals}", f"search.kappa_threshold={args.evals}"]
+    if args.in_flight > 1:  # one GPU (or the interpreter, compiling for sm_90 ahead): audits in flight
+        device = "cpu" if args.interpret else "cuda"
+        names = ["interpreter"] if args.interpret else [torch.cuda.get_device_name(0)]
+        warm = ["gpu.policy=interpret", "evaluate.warm=on", "evaluate.warm_capability=[9,0]"] if args.interpret \
+            else ["evaluate.warm=auto"]
+        one, many = [*extra, *warm, "evaluate.in_flight=1"], [*extra, *warm, f"evaluate.in_flight={args.in_flight}"]
+        result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  "gpus": names, "torch": torch.__version__, "triton": triton.__version__,
+                  "campaign": args.campaign, "evals": args.evals, "device": device, "in_flight": args.in_flight}
+        work = Path(tempfile.mkdtemp(prefix="in_flight_"))
+        try:
+            result["runs"] = {label: run_campaign(args.campaign, ov, work / label, args.timeout_s)
+                              for label, ov in (("one", one), (f"{args.in_flight}_in_flight", many))}
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        for label, r in result["runs"].items():
+            print(label, {k: r.get(k) for k in ("rc", "evaluations", "search_wall_s", "audits_per_min",
+                                                "audit_s_median", "warm", "gpu_lock_wait_s_median", "error")})
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+        print(f"wrote {args.out}")
+        return 0 if all(r["rc"] == 0 for r in result["runs"].values()) else 1
     if args.interpret:
         device, n, names = "cpu", max(2, args.gpus), ["interpreter"]
         extra += ["gpu.policy=interpret"]
