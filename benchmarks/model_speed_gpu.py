@@ -12,7 +12,6 @@ Imports only torch/triton (+ the kernels and tik_evo_kernels.peers), so it runs 
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import statistics
 import time
@@ -24,6 +23,7 @@ from tik_evo import launch  # noqa: E402
 from tik_evo_bench.common import header  # noqa: E402
 from tik_evo_kernels.decoder import roots  # noqa: E402
 from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
+from tik_evo_kernels.measure import decode_step_us  # noqa: E402
 from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape, hooked  # noqa: E402
 from tik_evo_kernels.peers import torch_impls  # noqa: E402
 
@@ -78,65 +78,6 @@ def breakdown(m: MoEDecoder, seqs, prompts) -> dict:
     for family, start, end in events:
         gpu[family] = gpu.get(family, 0.0) + start.elapsed_time(end)
     return {f: {"gpu_ms": gpu[f], "host_ms": host[f] * 1e3, "calls": sum(e[0] == f for e in events)} for f in gpu}
-
-
-def decode_step_us(m: MoEDecoder, batch: int, prompt: int, steps: int, vocab: int) -> dict:
-    """Rollout: the GPU time of each family's kernels in one decode step (batch sequences at a context of about
-    `prompt` tokens), from the CUDA kernels the profiler records under each decode-path call, averaged over
-    `steps` steps. Kernel time only: the harness's glue (its page gather, indexing) and host time are left out,
-    so it is what the kernels cost a step, whichever engine drives them."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    g = torch.Generator().manual_seed(11)
-    seqs = [torch.randint(0, vocab, (prompt + steps + 1,), generator=g).to(m.device, torch.int32)
-            for _ in range(batch)]
-    cuda = str(m.device).startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-
-    def labelled(family, path, fn, *a):
-        if "decode" not in path:
-            return fn(*a)
-        with record_function("decode:" + family):
-            return fn(*a)
-
-    with hooked(m, labelled):
-        m.rollout_logprobs(seqs, [prompt] * batch)  # warm-up: compiles every decode launch shape
-        sync()
-        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-            m.rollout_logprobs(seqs, [prompt] * batch)
-            sync()
-    per = kernel_us_by_label(prof, "decode:")
-    out: dict = {f: {"us_per_step": v["us"] / steps, "calls_per_step": v["calls"] / steps} for f, v in per.items()
-                 if f != "gpu_ranges"}
-    out["total_us_per_step"] = sum(v["us_per_step"] for v in out.values())
-    out["gpu_ranges"] = per["gpu_ranges"]  # 0 on a GPU: the profiler gave no device-side ranges, so no times
-    return out
-
-
-def kernel_us_by_label(prof, prefix: str) -> dict:
-    """{label without `prefix`: {"us": GPU time of the kernels started inside its calls, "calls": its host-side
-    calls}} from a torch.profiler profile, and "gpu_ranges": how many device-side ranges the labels left.
-
-    Each labelled call leaves a GPU-side range from its first kernel's start to its last kernel's end. The
-    kernels (and copies) that start inside it are summed; the range itself is not, since it spans the idle gaps
-    between a host-bound call's kernels. (Triton's launches have no ATen op to hang on, so the host-side events'
-    own device times miss them.) Labels must not nest."""
-    events = [ev for ev in prof.events() if str(ev.device_type).endswith("CUDA")]
-    ranges = sorted((ev.time_range.start, ev.time_range.end, ev.name.removeprefix(prefix))
-                    for ev in events if ev.name.startswith(prefix))
-    starts = [r[0] for r in ranges]
-    out: dict = {}
-    for ev in prof.events():  # calls, from the host-side labels (the only ones on the CPU)
-        if ev.name.startswith(prefix) and str(ev.device_type).endswith("CPU"):
-            out.setdefault(ev.name.removeprefix(prefix), {"us": 0.0, "calls": 0})["calls"] += 1
-    for ev in events:
-        if ev.name.startswith(prefix):
-            continue
-        i = bisect.bisect_right(starts, ev.time_range.start) - 1
-        if i >= 0 and ev.time_range.start < ranges[i][1]:
-            out.setdefault(ranges[i][2], {"us": 0.0, "calls": 0})["us"] += ev.time_range.end - ev.time_range.start
-    out["gpu_ranges"] = len(ranges)
-    return out
 
 
 def host_us_per_call(calls: int = 2000) -> dict:

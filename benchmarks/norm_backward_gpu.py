@@ -33,6 +33,8 @@ import triton  # noqa: E402
 
 from tik_evo import checks  # noqa: E402
 from tik_evo_kernels import norm_backward as nb  # noqa: E402
+from tik_evo_kernels.norm_backward import H200  # noqa: E402
+from tik_evo_kernels.norm_backward import offline_schedules as offline  # noqa: E402
 
 T = 8192
 # name -> (rows, width, with the residual output's gradient)
@@ -131,39 +133,6 @@ def run(shapes: dict, schedules: list[dict], device: str, smoke: bool, save=lamb
                 torch.cuda.empty_cache()
     finally:
         nb.KNOBS.update(default)
-    return rows_out
-
-
-H200 = {"sms": 132, "regs_per_sm": 65536, "shared_per_sm": 232448, "warps_per_sm": 64}
-
-
-def offline(shapes: dict, schedules: list[dict]) -> list[dict]:
-    """Each schedule compiled for sm_90a at each shape (the launch's constants, width 16-byte aligned as the
-    runtime specialises it), with the residency it implies on an H200."""
-    from tik_evo.sm90 import compile_sm90
-
-    ptrs = {"x_ptr": "*bf16", "w_ptr": "*bf16", "dy_ptr": "*bf16", "dres_ptr": "*bf16", "dx_ptr": "*bf16",
-            "ws_ptr": "*fp32"}
-    sig = {**ptrs, "n_rows": "i32", "H": "i32", "eps": "fp32"}
-    rows_out = []
-    for name, (rows, width, res) in shapes.items():
-        tiles = -(-rows // nb.launch_constants(width, res)["ROWS"])
-        row = {"shape": name, "rows": rows, "width": width, "residual": res, "tiles": tiles, "schedules": []}
-        for sched in schedules:
-            consts = nb.launch_constants(width, res, {**nb.KNOBS, **sched})
-            warps = consts.pop("num_warps")
-            rep = compile_sm90(nb._rms_bwd_kernel, sig, consts, warps, 3, set(ptrs) | {"H"})
-            held = nb.resident_programs(rep["registers"], rep["shared_bytes"], warps, H200["regs_per_sm"],
-                                        H200["shared_per_sm"], H200["warps_per_sm"])
-            handed = min(-(-tiles // sched["MIN_TILES_PER_PROGRAM"]), (sched["PROGRAMS_PER_SM"] or held) * H200["sms"])
-            row["schedules"].append({"knobs": dict(sched), "num_warps": warps, "registers": rep["registers"],
-                                     "spill_store_bytes": rep["spill_store_bytes"], "instructions": rep["instructions"],
-                                     "programs_an_sm_holds": held, "programs": handed,
-                                     "rounds_of_programs": -(-handed // (held * H200["sms"])),
-                                     "warps_resident_per_sm": min(held, -(-handed // H200["sms"])) * warps})
-        rows_out.append(row)
-        print(name, [(e["knobs"]["PREFETCH"], e["knobs"]["PROGRAMS_PER_SM"], e["num_warps"], e["registers"],
-                      e["programs_an_sm_holds"], e["rounds_of_programs"]) for e in row["schedules"]], flush=True)
     return rows_out
 
 

@@ -41,6 +41,10 @@ from tik_evo_kernels.attention import autograd as attention_autograd  # noqa: E4
 from tik_evo_kernels.attention.autograd import packed_backward_path  # noqa: E402
 from tik_evo_kernels.autograd import KernelOps, RecordingRouting, TorchOps  # noqa: E402
 from tik_evo_kernels.files import add_arguments, impls_from_args  # noqa: E402
+from tik_evo_kernels.measure import policy_backward as backward  # noqa: E402
+from tik_evo_kernels.measure import policy_breakdown as breakdown  # noqa: E402
+from tik_evo_kernels.measure import policy_step_times as step_times  # noqa: E402
+from tik_evo_kernels.measure import run_label  # noqa: E402
 from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder, MoEShape  # noqa: E402
 
 MOE_PROMPTS, MOE_ANSWERS = (517, 300, 129, 411), (33, 48, 21, 40)  # tik-evo bench model's
@@ -58,15 +62,6 @@ SMOKE_LENS, SMOKE_PROMPTS = [9, 12, 7], [5, 8, 4]
 def sequences(vocab: int, lens: list[int], device: str, seed: int) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).to(device, torch.int32) for n in lens]
-
-
-def backward(m: MoEDecoder, seqs, prompts, adv, ops) -> list[torch.Tensor]:
-    """log-probs of a policy-gradient loss's forward, after its backward (gradients in the parameters' .grad)."""
-    for p in m.parameters():
-        p.grad = None
-    lp = m.policy_logprobs(seqs, prompts, ops=ops)
-    (torch.cat(lp) * adv).sum().backward()
-    return lp
 
 
 def bits(a: list[torch.Tensor], b: list[torch.Tensor]) -> int:
@@ -98,70 +93,6 @@ def policy_checks(m: MoEDecoder, seqs, prompts, device: str, modes: list[str]) -
         int((a.sort(-1).values != b.sort(-1).values).any(-1).sum()) for a, b in zip(ours.ids, ref.ids))
     out["token_layer_pairs_routed"] = sum(int(i.shape[0]) for i in ours.ids)
     return out
-
-
-def step_times(m: MoEDecoder, seqs, prompts, reps: int, device: str, modes: list[str]) -> dict:
-    """Forward + backward of the policy loss, ours (for each matmul_backward mode: "unified" for the first,
-    "unified_<mode>_matmul_bwd" for the rest) against the torch trainer's model, interleaved."""
-    adv = torch.randn(sum(n - p for n, p in zip(map(len, seqs), prompts)),
-                      generator=torch.Generator().manual_seed(6)).to(device)
-    runs = {run_label(i, mode): KernelOps(m.k, matmul_backward=mode) for i, mode in enumerate(modes)}
-    runs["torch"] = TorchOps(native=True)
-    times: dict = {k: [] for k in runs}
-    peak: dict = {}
-    for r in range(reps + 2):  # two warm-up rounds
-        for label, ops in runs.items():
-            if device == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            backward(m, seqs, prompts, adv, ops)
-            if device == "cuda":
-                end.record()
-                torch.cuda.synchronize()
-                peak[label] = (torch.cuda.max_memory_allocated() - base) / 1e9
-                if r >= 2:
-                    times[label].append(start.elapsed_time(end))
-    out = {label: {"ms": statistics.median(t) if t else None, "ms_all": t, "peak_extra_GB": peak.get(label)}
-           for label, t in times.items()}
-    if m.s.experts:  # the torch model's experts: one torch._grouped_mm per projection, or a loop of matmuls
-        from tik_evo_kernels.autograd import _grouped_mm_trains
-
-        out["torch_experts"] = "torch._grouped_mm" if _grouped_mm_trains(torch.device(device)) else "per-expert matmuls"
-    for i, mode in enumerate(modes):
-        label = run_label(i, mode)
-        if out[label]["ms"] and out["torch"]["ms"]:
-            out[label + "_over_torch"] = out[label]["ms"] / out["torch"]["ms"]
-    return out
-
-
-def run_label(i: int, mode: str) -> str:
-    return "unified" if i == 0 else f"unified_{mode}_matmul_bwd"
-
-
-def breakdown(m: MoEDecoder, seqs, prompts, device: str, mode: str) -> dict:
-    """One policy step on the kernels under the profiler: per family and direction ("linear.fwd", "linear.bwd",
-    ...), the GPU time of the kernels inside its calls (ms) and its calls; "other_ms" is the step's remaining
-    kernel time (the harness's glue, autograd's own kernels)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from tik_evo_bench.model_speed_gpu import kernel_us_by_label
-
-    adv = torch.randn(sum(n - p for n, p in zip(map(len, seqs), prompts)),
-                      generator=torch.Generator().manual_seed(6)).to(device)
-    cuda = device == "cuda"
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
-        backward(m, seqs, prompts, adv, KernelOps(m.k, matmul_backward=mode))
-        if cuda:
-            torch.cuda.synchronize()
-    per = kernel_us_by_label(prof, "policy:")
-    out = {k: {"ms": v["us"] / 1e3, "calls": v["calls"]} for k, v in per.items() if k != "gpu_ranges"}
-    kernels_ms = sum((ev.time_range.end - ev.time_range.start) / 1e3 for ev in prof.events()
-                     if str(ev.device_type).endswith("CUDA") and not ev.name.startswith("policy:"))
-    return {"families": out, "other_ms": kernels_ms - sum(v["ms"] for v in out.values()),
-            "gpu_ranges": per["gpu_ranges"]}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,11 +63,10 @@ def test_the_shared_header_names_date_device_and_versions(tmp_path):
     assert path.read_text().startswith('{\n "a": 1')
 
 
-# Tests that still check a suite's own measurement code by importing its module (the policy step's and the model's
-# per-family breakdowns, the linear Nsight driver's parsing, the ops suites' bookkeeping, the norm backward's offline
-# report): each should move to `tik-evo bench NAME --smoke` / --dry-run runs or its code to tik_evo_kernels.
-IMPORTS_A_SUITE = {"test_policy_gradient.py", "test_model_peers.py", "test_norm_backward.py", "test_linear.py",
-                   "test_bench_ops.py"}
+# Tests that still check a suite's own measurement code by importing its module (the matmul suite's bookkeeping of
+# kernel files against the root, the grouped linear's backward cell): each should move to a `tik-evo bench NAME
+# --smoke` / --dry-run run or its code to tik_evo / tik_evo_kernels.
+IMPORTS_A_SUITE = {"test_linear.py", "test_bench_ops.py"}
 
 
 def test_no_test_loads_a_benchmark_by_path_and_few_import_one():

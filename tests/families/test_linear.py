@@ -232,10 +232,10 @@ def test_decode_stages_fit_the_launch_in_fewest_waves():
 
 
 def _profile_script():
-    """`tik-evo bench linear-ncu`'s module (the Nsight Compute driver): its cell parsing and launch labelling."""
-    from tik_evo_bench import linear_profile  # (see test_bench_registry)
+    """`tik-evo bench linear-ncu`'s cell parsing and launch labelling (tik_evo_kernels.linear.ncu)."""
+    from tik_evo_kernels.linear import ncu
 
-    return linear_profile
+    return ncu
 
 
 def test_profile_cells_name_weights_exactly_or_by_unique_suffix():

@@ -38,14 +38,14 @@ def test_torch_peers_run_the_moe_model():
 
 
 def test_decode_step_measurement_counts_each_family_per_step():
-    # `tik-evo bench model-speed`'s rollout measurement labels every decode-path kernel call by family (the
-    # profiler sums kernel time under those labels); on the CPU only the labels and counts are checkable. Per
-    # step of the default MoE shape (2 layers): qkv, o, router and three grouped expert projections per layer,
-    # plus the lm_head; one attention, RoPE and routing call per layer.
-    from tik_evo_bench import model_speed_gpu as speed  # its measurement code (see test_bench_registry)
+    # `tik-evo bench model-speed`'s rollout measurement (tik_evo_kernels.measure) labels every decode-path kernel
+    # call by family (the profiler sums kernel time under those labels); on the CPU only the labels and counts are
+    # checkable. Per step of the default MoE shape (2 layers): qkv, o, router and three grouped expert projections
+    # per layer, plus the lm_head; one attention, RoPE and routing call per layer.
+    from tik_evo_kernels.measure import decode_step_us
 
     m = MoEDecoder(MoEShape(max_pos=32), 0, "cpu", impls=peers.torch_impls())
-    d = speed.decode_step_us(m, batch=3, prompt=5, steps=4, vocab=512)
+    d = decode_step_us(m, batch=3, prompt=5, steps=4, vocab=512)
     assert d["linear"]["calls_per_step"] == 2 * 6 + 1
     assert {f: d[f]["calls_per_step"] for f in ("attention", "rope", "moe_routing", "kv_append")} == \
         {"attention": 2, "rope": 2, "moe_routing": 2, "kv_append": 2}

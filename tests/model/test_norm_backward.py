@@ -131,14 +131,16 @@ def test_policy_backward_kernels_compile_for_hopper_without_spills(offline):
 
 OFFLINE = """
 import json
-from tik_evo_bench import norm_backward_gpu as bench  # its offline report (see test_bench_registry)
-rows = bench.offline({"add+norm": (8192, 2560, True)}, [bench.BEFORE, {**bench.BEFORE, "PROGRAMS_PER_SM": 0}])
+from tik_evo_kernels.norm_backward import offline_schedules
+before = {"PREFETCH": False, "DW_IN_TILE": False, "PROGRAMS_PER_SM": 4, "NUM_WARPS": 0, "MIN_TILES_PER_PROGRAM": 1}
+rows = offline_schedules({"add+norm": (8192, 2560, True)}, [before, {**before, "PROGRAMS_PER_SM": 0}])
 print(json.dumps(rows))
 """
 
 
 def test_norm_backward_offline_report_counts_rounds_of_programs(offline):
-    # `norm_backward_gpu.py --offline`: a schedule compiled for sm_90a, with the residency it implies on an H200.
+    # `tik-evo bench norm-backward --offline` (tik_evo_kernels.norm_backward.offline_schedules): a schedule
+    # compiled for sm_90a, with the residency it implies on an H200.
     # The grid sized to residency (PROGRAMS_PER_SM 0) never takes more than one round of programs.
     import json
 

@@ -125,19 +125,18 @@ def test_vendor_matmul_backward_gives_torchs_gradients():
 
 
 def test_a_policy_step_profile_splits_by_family_and_direction():
-    # `tik-evo bench policy`'s breakdown: every call is labelled forward and backward (on the CPU only the labels
-    # and counts are checkable). Dense, 2 layers, 3 sequences: qkv, o, gate, up, down per layer plus the lm_head;
-    # one packed attention call per layer.
-
-    from tik_evo_bench import policy_gpu as policy  # its measurement code (see test_bench_registry)
+    # `tik-evo bench policy`'s breakdown (tik_evo_kernels.measure): every call is labelled forward and backward
+    # (on the CPU only the labels and counts are checkable). Dense, 2 layers, 3 sequences: qkv, o, gate, up, down
+    # per layer plus the lm_head; one packed attention call per layer.
+    from tik_evo_kernels import measure
 
     m = MoEDecoder(MoEShape(experts=0, intermediate=96), 1, "cpu")
     for p in m.parameters():
         p.requires_grad_(True)
-    fams = policy.breakdown(m, sequences(3), PROMPTS, "cpu", "kernel")["families"]
+    fams = measure.policy_breakdown(m, sequences(3), PROMPTS, "cpu", "kernel")["families"]
     calls = {k: v["calls"] for k, v in fams.items()}
     # its step timing runs ours and the torch trainer's model (native dtypes) alike; on the CPU it records no times
-    steps = policy.step_times(m, sequences(3), PROMPTS, 1, "cpu", ["vendor", "kernel"])
+    steps = measure.policy_step_times(m, sequences(3), PROMPTS, 1, "cpu", ["vendor", "kernel"])
     assert {k: v["ms_all"] for k, v in steps.items()} == {"unified": [], "unified_kernel_matmul_bwd": [], "torch": []}
     for direction in ("fwd", "bwd"):
         assert calls[f"linear.{direction}"] == 2 * 5 + 1
