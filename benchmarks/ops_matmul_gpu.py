@@ -23,8 +23,6 @@ timed is also checked bit for bit (decode rows against the same rows of a full p
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -42,8 +40,9 @@ from triton.runtime.errors import OutOfResources  # noqa: E402
 from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-from tik_evo.knobs import read_knobs, write_knobs  # noqa: E402
+from tik_evo_kernels import variants  # noqa: E402
 from tik_evo_kernels.peers import logprob_torch, routing_torch  # noqa: E402
+from tik_evo_kernels.variants import KernelFile, tag  # noqa: E402, F401 - the suites' names for them
 
 RESULTS: dict = {"env": {}, "ceilings": {}, "linear": [], "logprob": [], "moe_routing": [], "consistency": [],
                  "chosen": {}, "errors": [], "extras": {}}
@@ -60,66 +59,22 @@ SIZES = {"copy": 1 << 30, "matmul": 8192, "linear_rows": 4096, "linear_prefix": 
          "routing_full": (4096, 32768)}
 
 
-@dataclasses.dataclass(frozen=True)
-class KernelFile:
-    """An extra implementation (a run's best, a kernel file): stands where a dict of knob changes to the root
-    stands in `load`, `tag` and the consistency checks."""
-
-    label: str
-    path: str
-
-
 EXTRAS: dict[str, list[KernelFile]] = {}  # family -> its extra implementations (--extras)
 
 
 def with_root(family: str) -> list:
     """The root ({}) and the family's extra implementations, to time back to back on a cell; [] without extras."""
-    return [{}, *EXTRAS[family]] if EXTRAS.get(family) else []
+    return variants.with_root(EXTRAS.get(family, []))
 
 
 def load(family: str, knobs: dict | KernelFile | None = None):
-    """The family's root with some KNOBS entries replaced (or a KernelFile's source), imported from a real file
-    (Triton needs one)."""
-    from_file = isinstance(knobs, KernelFile)
-    key = (family, knobs.path) if from_file else (family, tuple(sorted((knobs or {}).items())))
-    if key not in _IMPLS:
-        if from_file:
-            src = Path(knobs.path).read_text()
-        else:
-            fam = importlib.import_module(f"tik_evo_kernels.{family}").FAMILY
-            fam.check_knobs(knobs or {}, f"{family} variant {knobs}")
-            src = (ROOT / "kernels" / family / "root.py").read_text()
-            if knobs:
-                src = write_knobs(src, {**read_knobs(src), **knobs})
-        name = f"bench_{family}_{len(_IMPLS)}"
-        path = Path("/tmp") / f"{name}.py"
-        path.write_text(src)
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        _IMPLS[key] = mod
-    return _IMPLS[key]
-
-
-def tag(knobs: dict | KernelFile) -> str:
-    if isinstance(knobs, KernelFile):
-        return knobs.label
-    return ",".join(f"{k}={v}" for k, v in knobs.items()) or "root"
+    return variants.load(family, knobs, _IMPLS)
 
 
 def summarize_extras() -> None:
-    """RESULTS["extras"][family][label]: each extra's time over the root's on every cell where both were timed
-    back to back (rows `label` / `root`, with the linear rows' "full:" / "decode:" prefixes)."""
+    """RESULTS["extras"][family][label]: each extra's time over the root's on every cell where both were timed."""
     for family, files in EXTRAS.items():
-        times: dict = {}  # impl -> workload -> us
-        for r in RESULTS[family]:
-            impl = r["impl"].removeprefix("full:").removeprefix("decode:")
-            times.setdefault(impl, {})[r["workload"]] = r["time_us"]
-        root = times.get("root", {})
-        for f in files:
-            ratios = {wl: us / root[wl] for wl, us in times.get(f.label, {}).items() if wl in root}
-            RESULTS["extras"].setdefault(family, {})[f.label] = {
-                "path": f.path, "vs_root": ratios, "gmean_vs_root": gmean(ratios.values()) if ratios else None}
+        RESULTS["extras"].setdefault(family, {}).update(variants.vs_root(RESULTS[family], files))
 
 
 def timeit(fn, graph: bool) -> float:

@@ -118,25 +118,25 @@ def test_the_matmul_suite_dry_run_checks_and_times_kernel_files_beside_the_root(
         assert len(e["vs_root"]) == cells and all(r > 0 for r in e["vs_root"].values())
 
 
-def test_the_matmul_suite_loads_kernel_files_and_reports_them_against_the_root(tmp_path, monkeypatch):
-    from tik_evo_bench import ops_matmul_gpu as m  # its bookkeeping (see test_bench_registry)
+def test_kernel_files_load_and_report_against_the_root(tmp_path):
+    # What the matmul suite does with --extras (tik_evo_kernels.variants): load a kernel file, label its rows,
+    # time it beside the root, and report its time over the root's on the cells both were timed on.
+    from tik_evo_kernels import variants as v
 
     path = tmp_path / "routing.py"
     path.write_text(_variant("moe_routing", FULL_BLOCK_T=32))
-    f = m.KernelFile("best_I3", str(path))
-    monkeypatch.setattr(m, "EXTRAS", {"moe_routing": [f], "linear": [m.KernelFile("file_lin", "lin.py")]})
-    monkeypatch.setattr(m, "RESULTS", {**m.RESULTS, "moe_routing": [], "linear": [], "extras": {}})
-    assert m.load("moe_routing", f).KNOBS["FULL_BLOCK_T"] == 32 and m.tag(f) == "best_I3"
-    assert m.with_root("moe_routing") == [{}, f] and m.with_root("logprob") == []
-    for impl, wl, us in (("root", "a", 10.0), ("best_I3", "a", 8.0), ("root", "b", 4.0), ("best_I3", "b", 5.0),
-                         ("best_I3", "only_here", 1.0)):
-        m.RESULTS["moe_routing"].append({"workload": wl, "impl": impl, "time_us": us})
-    for impl, us in (("full:root", 100.0), ("full:file_lin", 90.0), ("full:K_CHUNK=0", 1.0)):
-        m.RESULTS["linear"].append({"workload": "qkv.M4096", "impl": impl, "time_us": us})
-    m.summarize_extras()
-    e = m.RESULTS["extras"]["moe_routing"]["best_I3"]
+    f = v.KernelFile("best_I3", str(path))
+    assert v.load("moe_routing", f, {}).KNOBS["FULL_BLOCK_T"] == 32 and v.tag(f) == "best_I3"
+    assert v.tag({"FULL_BLOCK_T": 32}) == "FULL_BLOCK_T=32" and v.tag({}) == "root"
+    assert v.with_root([f]) == [{}, f] and v.with_root([]) == []
+    rows = [{"workload": wl, "impl": impl, "time_us": us} for impl, wl, us in (
+        ("root", "a", 10.0), ("best_I3", "a", 8.0), ("root", "b", 4.0), ("best_I3", "b", 5.0),
+        ("best_I3", "only_here", 1.0))]
+    e = v.vs_root(rows, [f])["best_I3"]
     assert e["vs_root"] == {"a": 0.8, "b": 1.25} and e["gmean_vs_root"] == pytest.approx(1.0)
-    assert m.RESULTS["extras"]["linear"]["file_lin"]["vs_root"] == {"qkv.M4096": 0.9}
+    linear = [{"workload": "qkv.M4096", "impl": impl, "time_us": us}
+              for impl, us in (("full:root", 100.0), ("full:file_lin", 90.0), ("full:K_CHUNK=0", 1.0))]
+    assert v.vs_root(linear, [v.KernelFile("file_lin", "lin.py")])["file_lin"]["vs_root"] == {"qkv.M4096": 0.9}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is the CPU form")
