@@ -274,7 +274,7 @@ def cmd_warm(args) -> dict:
     rows = []
     for fam in args.families.split(","):
         with tempfile.TemporaryDirectory() as run, tempfile.TemporaryDirectory() as cold_root:
-            ev = {**EVALUATE, "warm": "auto"}
+            ev = {**EVALUATE, "warm": "on"}
             spec = {"family": fam, "knobs": {}, "run_dir": run, "id": "I0", "workloads": WORKLOADS[fam],
                     "evaluate": ev, "best": None}
             r = audit(spec, ROOT)
@@ -282,7 +282,7 @@ def cmd_warm(args) -> dict:
             for i, knobs in enumerate(VARIANTS[fam], 1):
                 for mode, d in (("warm", run), ("cold", tempfile.mkdtemp(dir=cold_root))):
                     spec = {"family": fam, "knobs": knobs, "run_dir": d, "id": f"I{i}", "workloads": WORKLOADS[fam],
-                            "evaluate": {**ev, "warm": "auto" if mode == "warm" else "off"}, "best": {},
+                            "evaluate": {**ev, "warm": "on" if mode == "warm" else "off"}, "best": {},
                             "ancestors": [{}]}
                     r = audit(spec, ROOT)
                     rows.append({"family": fam, "audit": f"variant {i} {mode}", "knobs": knobs, **r})

@@ -96,7 +96,7 @@ class EvaluateConfig:
     parallel: int = 1  # audits at once under the interpreter (CPU); on a GPU, list the GPUs in `gpus` instead
     # Audits in flight per GPU: each compiles ahead (`warm`) on the host's cores, one at a time holds the GPU.
     in_flight: int = 1
-    warm: str = "auto"  # compile ahead with no GPU (tik_evo.warm): auto (on a GPU) | on | off
+    warm: str = "auto"  # compile ahead with no GPU (tik_evo.warm): auto (a GPU, in_flight > 1) | on | off
     warm_timeout_s: float = 120.0  # a warm pass's limit (it is never a verdict: the audit compiles what is left)
     warm_capability: list[int] = field(default_factory=list)  # the target to compile for; []: the run's GPU's
     executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks)

@@ -124,7 +124,8 @@ def _warm_pass(job: WorkerJob, opts: dict[str, Any], res: Result, device: str, n
     """Compile ahead (tik_evo.warm) when the run has the calls to replay; else, when this audit should note
     them, the number of check cases (the fixed ones) whose calls it notes."""
     mode = job.evaluate.get("warm", "auto")
-    if mode == "off" or (mode == "auto" and device != "cuda"):
+    # auto: where it can pay, on a GPU with other audits in flight to overlap (its GPU figure is still to come)
+    if mode == "off" or (mode == "auto" and (device != "cuda" or int(job.evaluate.get("in_flight", 1)) < 2)):
         return 0
     manifest = warm.read_manifest(Path(job.run_dir))
     if manifest is None:
