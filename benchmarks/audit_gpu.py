@@ -269,24 +269,23 @@ HEADER: dict = {}
 
 
 def cmd_warm(args) -> dict:
-    """Compile ahead: the root audited in a run (its judge notes the calls), then each variant audited in that
-    run after a warm pass, and the same variant cold in a fresh run; audit seconds and stages side by side."""
+    """Compile ahead: two runs of one family, each auditing the root first (whose kernels the variants' runners
+    may read, as in a search); in the first the root's judge notes the calls and each variant is audited after
+    a warm pass, in the second with none. Audit seconds and stages side by side."""
     rows = []
     for fam in args.families.split(","):
-        with tempfile.TemporaryDirectory() as run, tempfile.TemporaryDirectory() as cold_root:
-            ev = {**EVALUATE, "warm": "on"}
-            spec = {"family": fam, "knobs": {}, "run_dir": run, "id": "I0", "workloads": WORKLOADS[fam],
-                    "evaluate": ev, "best": None}
-            r = audit(spec, ROOT)
-            rows.append({"family": fam, "audit": "root (notes the calls)", **r})
-            for i, knobs in enumerate(VARIANTS[fam], 1):
-                for mode, d in (("warm", run), ("cold", tempfile.mkdtemp(dir=cold_root))):
-                    spec = {"family": fam, "knobs": knobs, "run_dir": d, "id": f"I{i}", "workloads": WORKLOADS[fam],
-                            "evaluate": {**ev, "warm": "on" if mode == "warm" else "off"}, "best": {},
-                            "ancestors": [{}]}
+        for mode in ("warm", "cold"):
+            with tempfile.TemporaryDirectory() as run:
+                ev = {**EVALUATE, "warm": "on" if mode == "warm" else "off"}
+                spec = {"family": fam, "knobs": {}, "run_dir": run, "id": "I0", "workloads": WORKLOADS[fam],
+                        "evaluate": ev, "best": None}
+                rows.append({"family": fam, "run": mode, "audit": "root", **audit(spec, ROOT)})
+                for i, knobs in enumerate(VARIANTS[fam], 1):
+                    spec = {"family": fam, "knobs": knobs, "run_dir": run, "id": f"I{i}",
+                            "workloads": WORKLOADS[fam], "evaluate": ev, "best": {}, "ancestors": [{}]}
                     r = audit(spec, ROOT)
-                    rows.append({"family": fam, "audit": f"variant {i} {mode}", "knobs": knobs, **r})
-                    print(f"{fam:10s} variant {i} {mode:4s} passed={r['passed']} {r['seconds']:.1f}s "
+                    rows.append({"family": fam, "run": mode, "audit": f"variant {i}", "knobs": knobs, **r})
+                    print(f"{fam:10s} {mode:4s} variant {i} passed={r['passed']} {r['seconds']:.1f}s "
                           f"warm={r.get('warm')} stages={[(s[0], s[2]) for s in r.get('stages', [])]}", flush=True)
                     partial(args, {"warm": rows})
     return {"warm": rows}
