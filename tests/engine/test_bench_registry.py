@@ -64,9 +64,9 @@ def test_the_shared_header_names_date_device_and_versions(tmp_path):
 
 
 # Tests that still check a suite's own measurement code by importing its module (the matmul suite's bookkeeping of
-# kernel files against the root, the grouped linear's backward cell): each should move to a `tik-evo bench NAME
-# --smoke` / --dry-run run or its code to tik_evo / tik_evo_kernels.
-IMPORTS_A_SUITE = {"test_linear.py", "test_bench_ops.py"}
+# kernel files against the root): each should move to a `tik-evo bench NAME --smoke` / --dry-run run or its code to
+# tik_evo / tik_evo_kernels.
+IMPORTS_A_SUITE = {"test_bench_ops.py"}
 
 
 def test_no_test_loads_a_benchmark_by_path_and_few_import_one():
