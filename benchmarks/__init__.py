@@ -56,7 +56,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           True),
     Suite("linear-backward", _B + "linear_backward_gpu", "the dense linear backward vs cuBLAS", True),
     Suite("linear-grouped", _B + "linear_grouped_gpu", "an MoE layer's experts in grouped launches vs "
-          "torch._grouped_mm and a cuBLAS loop", True),
+          "torch._grouped_mm and a cuBLAS loop (--smoke: the backward cell on the CPU)", True),
     # attention studies beside the family's bench
     Suite("attention-ab", _B + "attention_prefill_ab", "prefill variants vs cuDNN in interleaved graph rounds",
           True),

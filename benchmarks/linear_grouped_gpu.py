@@ -9,6 +9,11 @@ Times: full-sequence cells by CUDA events over back-to-back calls (median); deco
 replays (GPU time without the host). Writes JSON.
 
     tik-evo bench linear-grouped --out linear_grouped.json [--variants-json F]
+    tik-evo bench linear-grouped --smoke --out x.json   # the backward cell on the CPU interpreter, tiny sizes
+
+`--smoke` runs only the backward cell, on the CPU under the Triton interpreter: 4 experts (one of them empty),
+N 48, K 64, one dW tile for each kernel (pointer and TMA), one call's wall clock for a time (the code, not speed).
+Its JSON gives the cell and the root's dW kernel and tile before and after it (the cell must restore them).
 
 Imports only torch/triton and the linear root (+ the engine's knob file helpers), so it runs on the bare GPU image.
 """
@@ -17,24 +22,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from functools import partial
 from pathlib import Path
 
-import torch
-from triton.testing import do_bench, do_bench_cudagraph
+if "--smoke" in sys.argv:  # the interpreter must be chosen before triton is imported
+    os.environ["TRITON_INTERPRET"] = "1"
 
-from tik_evo_bench.common import header  # noqa: E402
+import torch  # noqa: E402
+from triton.testing import do_bench, do_bench_cudagraph  # noqa: E402
+
+from tik_evo_bench.common import header, write_json  # noqa: E402
 from tik_evo_bench.ops_matmul_gpu import load, mismatches, randn  # noqa: E402
 
 EXPERTS, TOP_K = 128, 8
 SHAPES = {"gate": (768, 2048), "down": (2048, 768)}  # (N, K) of Qwen3-30B-A3B's expert projections
 FULL_TOKENS = (1024, 8192)
 DECODE_BATCH = (1, 16, 64, 256)
+# --smoke (`smoke`): row offsets of 4 experts (the second empty), the backward cell's (name, N, K), one dW tile
+SMOKE = False
+SMOKE_STARTS = (0, 9, 9, 40, 53)
+SMOKE_CELL = ("tiny", 48, 64)
+SMOKE_DW_TILE = (64, 64, 32, 4, 2)
 
 
 def routed_starts(tokens: int, skew: bool, seed: int) -> torch.Tensor:
-    """[E + 1] row offsets of tokens x top-8 rows sorted by expert, from a top-8 of random router logits."""
+    """[E + 1] row offsets of tokens x top-8 rows sorted by expert, from a top-8 of random router logits (with
+    --smoke: SMOKE_STARTS on the CPU)."""
+    if SMOKE:
+        return torch.tensor(SMOKE_STARTS, dtype=torch.int32)
     g = torch.Generator(device="cuda").manual_seed(seed)
     logits = torch.randn(tokens, EXPERTS, generator=g, device="cuda")
     if skew:  # a few experts much hotter than the rest, as routers drift during training
@@ -125,11 +143,41 @@ def backward_cell(root, shape: str, n: int, k: int, peer_available: bool) -> dic
 
 
 def timed(fn, graph: bool) -> float:
+    if SMOKE:  # one call's wall clock: the interpreter's time, which means nothing
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
     fn()
     torch.cuda.synchronize()
     if graph:
         return do_bench_cudagraph(fn, rep=20, return_mode="median") * 1e3
     return do_bench(fn, warmup=5, rep=25, return_mode="median") * 1e3
+
+
+def smoke(out: str) -> int:
+    """The backward cell on the CPU under the interpreter at SMOKE_* sizes; writes the cell and the root's
+    (DW_KERNEL, DW_TILE) before and after it. Restores this module's settings (and ops_matmul_gpu's DEVICE)."""
+    global SMOKE, EXPERTS, DW_TILES, TMA_DW_TILES
+    from tik_evo import interp
+    from tik_evo_bench import ops_matmul_gpu
+
+    interp.install()
+    saved = SMOKE, EXPERTS, DW_TILES, TMA_DW_TILES, ops_matmul_gpu.DEVICE
+    SMOKE, EXPERTS, DW_TILES, TMA_DW_TILES = True, len(SMOKE_STARTS) - 1, [SMOKE_DW_TILE], [SMOKE_DW_TILE]
+    ops_matmul_gpu.DEVICE = "cpu"
+    try:
+        root = load("linear", {})
+        before = {"kernel": root.DW_KERNEL, "tile": list(root.DW_TILE)}
+        cell = backward_cell(root, *SMOKE_CELL, False)
+        after = {"kernel": root.DW_KERNEL, "tile": list(root.DW_TILE)}
+    finally:
+        SMOKE, EXPERTS, DW_TILES, TMA_DW_TILES, ops_matmul_gpu.DEVICE = saved
+    result = {**header(gpu="cpu (interpreter)"), "smoke": True, "experts": len(SMOKE_STARTS) - 1,
+              "starts": list(SMOKE_STARTS), "dw_tiles": [list(SMOKE_DW_TILE)], "tma_dw_tiles": [list(SMOKE_DW_TILE)],
+              "root_dw": {"before": before, "after": after}, "backward": [cell]}
+    write_json(out, result)
+    print(f"wrote {out}", flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop timing (keep what is measured) after this")
     ap.add_argument("--backward-only", action="store_true",
                     help="only the backward cells (the root's dW tile and DW_TILES against torch._grouped_mm)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="only the backward cell, tiny, on the CPU interpreter (the code, not speed); no GPU needed")
     args = ap.parse_args(argv)
+    if args.smoke:
+        return smoke(args.out)
     if not torch.cuda.is_available():
         print("error: this benchmark needs a CUDA GPU (the grouped launch's CPU checks are in tests/families/)")
         return 2

@@ -436,24 +436,25 @@ def test_backward_benchmark_smoke_times_every_implementation_and_checks_them(tmp
         assert all(v < 1e-2 for errs in cell["rel_l2_vs_fp32"].values() for v in errs.values()), cell
 
 
-def test_grouped_benchmark_backward_cell_times_both_dw_kernels_and_restores_the_root(monkeypatch):
-    # `tik-evo bench linear-grouped`'s backward cell on the CPU (interpreter, 4 experts, tiny sizes, a stub
-    # timer): every dW variant, pointer and TMA, ran and agrees with the root's dW; the root's choice is restored.
+def test_grouped_benchmark_backward_cell_times_both_dw_kernels_and_restores_the_root(tmp_path):
+    # `tik-evo bench linear-grouped --smoke`: its backward cell on the CPU (interpreter, 4 experts, tiny sizes, one
+    # call's wall clock for a time): every dW variant, pointer and TMA, ran and agrees with the root's dW; the
+    # root's choice is restored.
+    import json
 
-    import torch
+    from tik_evo.cli import main
 
-    from tik_evo_bench import linear_grouped_gpu as bench  # its backward cell (see test_bench_registry)
-    from tik_evo_bench import ops_matmul_gpu as matmul
-    monkeypatch.setattr(matmul, "DEVICE", "cpu")
-    monkeypatch.setattr(bench, "EXPERTS", 4)
-    monkeypatch.setattr(bench, "routed_starts", lambda *a, **k: torch.tensor([0, 9, 9, 40, 53], dtype=torch.int32))
-    monkeypatch.setattr(bench, "DW_TILES", [(64, 64, 32, 4, 2)])
-    monkeypatch.setattr(bench, "TMA_DW_TILES", [(64, 64, 32, 4, 2)])
-    monkeypatch.setattr(bench, "timed", lambda fn, graph: (fn(), 1.0)[1])
-    root = load()
-    before = (root.DW_KERNEL, root.DW_TILE)
-    cell = bench.backward_cell(root, "tiny", 48, 64, False)
+    out = tmp_path / "lg.json"
+    assert main(["bench", "linear-grouped", "--smoke", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["smoke"] and result["gpu"] == "cpu (interpreter)" and result["experts"] == 4
+    assert result["starts"] == [0, 9, 9, 40, 53]
+    assert result["dw_tiles"] == result["tma_dw_tiles"] == [[64, 64, 32, 4, 2]]
+    (cell,) = result["backward"]
+    assert (cell["shape"], cell["n"], cell["k"], cell["rows"]) == ("tiny", 48, 64, 53), cell
     assert "errors" not in cell, cell.get("errors")
     assert set(cell["us"]) == {"root", "dw_tile_64x64x32x4x2", "dw_tma_64x64x32x4x2"}
     assert all(v < 1e-2 for v in cell["dw_rel_l2_vs_root_tile"].values()), cell["dw_rel_l2_vs_root_tile"]
-    assert before == (root.DW_KERNEL, root.DW_TILE)
+    root = load()
+    assert result["root_dw"]["before"] == {"kernel": root.DW_KERNEL, "tile": list(root.DW_TILE)}, result["root_dw"]
+    assert result["root_dw"]["after"] == result["root_dw"]["before"], result["root_dw"]
