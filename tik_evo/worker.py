@@ -111,13 +111,41 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
     res.data["drawn_cases"] = drawn  # drawn for this audit: recorded so a failure can be reproduced
     notes_below = _warm_pass(job, opts, res, device, len(cases) - len(drawn))
     in_flight = int(job.evaluate.get("in_flight", 1))
-    lock = warm.gpu_lock(Path(job.run_dir), res.data.setdefault("gpu_lock", {})) if in_flight > 1 \
-        else contextlib.nullcontext()
+    if in_flight < 2:
+        _judge(job, res, device, family, secret, opts, cases, notes_below)
+        return
     try:
-        with lock:
+        with warm.gpu_lock(Path(job.run_dir), res.data.setdefault("gpu_lock", {})), \
+                _deadline(res, float(job.evaluate.get("timeout_s", 300))):
             _judge(job, res, device, family, secret, opts, cases, notes_below)
     finally:
         res.flush()  # the lock's release time
+
+
+@contextlib.contextmanager
+def _deadline(res: Result, timeout: float):
+    """With audits in flight the engine lets a worker live long enough to wait for the GPU; the judge itself
+    gives the candidate `timeout` seconds from taking it, as the engine does when audits run one at a time: then
+    it ends everything the candidate started, records the timeout and exits (releasing the GPU)."""
+    import math
+    import signal
+
+    def expire(signum, frame) -> None:
+        from tik_evo import sandbox
+
+        sandbox.kill_descendants()
+        res.data.setdefault("gpu_lock", {})["released_at"] = time.time()  # on exit, as the kernel releases it
+        res.stage("timeout", False, time.time() - timeout, error=f"the audit held the GPU for {timeout:g} s "
+                  "(evaluate.timeout_s)", kind="timeout")
+        os._exit(3)
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(max(1, math.ceil(timeout)))
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _warm_pass(job: WorkerJob, opts: dict[str, Any], res: Result, device: str, n_fixed: int) -> int:

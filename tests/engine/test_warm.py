@@ -130,3 +130,16 @@ def test_a_run_with_audits_in_flight_compiles_ahead_and_holds_the_gpu_one_at_a_t
     holds = sorted((u.device["gpu_lock"]["acquired_at"], u.device["gpu_lock"]["released_at"])
                    for u in audits if u.device.get("gpu_lock"))
     assert len(holds) >= 3 and all(a[1] <= b[0] for a, b in zip(holds, holds[1:]))
+
+
+def test_a_candidate_that_hangs_holding_the_gpu_times_out_after_timeout_s(tmp_path):
+    # With audits in flight the worker may live longer (it may wait for the GPU); the candidate still gets
+    # evaluate.timeout_s from taking the GPU, and its verdict is a timeout.
+    src = ROOT_SRC.replace("    n_rows, hidden = x.shape\n", "    n_rows, hidden = x.shape\n    while True:\n"
+                           "        pass\n", 1)
+    t0 = time.time()
+    out = run_audit(tmp_path, AuditJob(FAMILY, src, source_hash(src), "I1", WORKLOADS, [0],
+                                       {"timeout_s": 6, "in_flight": 2, "interpreter_reps": 1}, "cpu"))
+    assert not out.passed and out.failure_kind == "timeout", (out.failure_kind, out.failure)
+    assert "held the GPU for 6 s" in out.failure and time.time() - t0 < 40
+    assert out.device["gpu_lock"]["acquired_at"] <= out.device["gpu_lock"]["released_at"]
