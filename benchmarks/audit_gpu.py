@@ -250,8 +250,12 @@ def partial(args, part: dict) -> None:
 
 def cmd_times(args) -> dict:
     rows = []
+    engines = {"before": Path(args.old).resolve() if args.old else None, "after": ROOT}
     for fam in args.families.split(","):
-        for engine_name, engine in (("before", Path(args.old).resolve()), ("after", ROOT)):
+        for engine_name in args.engines.split(","):
+            engine = engines[engine_name]
+            if engine is None:
+                raise SystemExit("times: --old DIR is needed for the 'before' engine")
             cache = tempfile.mkdtemp(prefix=f"tc_{engine_name}_")
             with tempfile.TemporaryDirectory() as d:
                 for i, knobs in enumerate([{}, *VARIANTS[fam]]):
@@ -260,12 +264,28 @@ def cmd_times(args) -> dict:
                     r = audit(spec, engine, {"TRITON_CACHE_DIR": cache})
                     rows.append({"family": fam, "engine": engine_name, "audit": i, "knobs": knobs, **r})
                     print(f"{fam:10s} {engine_name:6s} audit {i} passed={r['passed']} {r['seconds']:.1f}s "
-                          f"stages={[(s[0], s[2]) for s in r.get('stages', [])]}", flush=True)
+                          f"stages={[(s[0], s[2]) for s in r.get('stages', [])]}\n    phases={_brief(r)}", flush=True)
                     partial(args, {"times": rows})
     return {"times": rows}
 
 
 HEADER: dict = {}
+
+
+def _brief(r: dict) -> dict:
+    """The phases of one audit without its runners' per-request detail (kept in full in the JSON)."""
+    ph = dict(r.get("phases") or {})
+    for key in ("runner", "best_runner"):
+        if isinstance(ph.get(key), dict):
+            run = ph[key].get("runner", {})
+            ph[key] = {"alive": run.get("alive_s"), "compile": run.get("triton_compile"), "cc": run.get("c_builds"),
+                       "wait": ph[key].get("judge_wait")}
+    if isinstance(ph.get("shard_runners"), list):
+        ph["shard_runners"] = [(s.get("runner", {}).get("alive_s"),
+                                s.get("runner", {}).get("triton_compile", {}).get("seconds"),
+                                s.get("runner", {}).get("c_builds", {}).get("count"))
+                               for s in ph["shard_runners"]]
+    return {k: v for k, v in ph.items() if not k.endswith("_at")}
 
 
 def cmd_warm(args) -> dict:
@@ -295,6 +315,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["adversarial", "roots", "times", "warm"])
     ap.add_argument("--old", help="times: a checkout of the engine to compare with")
+    ap.add_argument("--engines", default="before,after", help="times: which engines, in order (before,after)")
     ap.add_argument("--families", default=None, help="times: rmsnorm,attention; roots: all (comma list)")
     ap.add_argument("--pick", help="roots: only these family:set pairs (comma list)")
     ap.add_argument("--jobs", type=int, default=1, help="roots: audits at once (verdicts only, no timing)")

@@ -163,7 +163,9 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     # lives long enough for that, and only its own time on the GPU counts against timeout_s (below).
     in_flight = int(job.evaluate.get("in_flight", 1))
     limit = timeout * in_flight + (float(job.evaluate.get("warm_timeout_s", 120)) if in_flight > 1 else 0.0)
+    t_worker = time.time()
     rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", limit)
+    t_returned = time.time()
 
     result = WorkerResult.read(result_path)
     out.stages += [s.to_dict() for s in result.stages]
@@ -173,6 +175,7 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     for key in ("warm", "gpu_lock", "phases"):  # compile ahead, the wait for the GPU, time outside stages
         if result.other.get(key):
             out.device[key] = result.other[key]
+    _outside_stages(out.device.get("phases"), t_worker, t_returned)
     out.seconds = time.time() - t_start
     held = result.other.get("gpu_lock", {}).get("acquired_at")
     if timed_out and in_flight > 1 and (held is None or time.time() - held < timeout):
@@ -199,6 +202,20 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     if out.failure_kind:
         out.stages.append(StageResult("outcome", False, error=out.failure, failure_kind=out.failure_kind).to_dict())
     return out
+
+
+def _outside_stages(phases: dict[str, Any] | None, t_worker: float, t_returned: float) -> None:
+    """The worker's start (executor to its first line) and exit (its verdict written to the executor seeing
+    it gone: runners, shards and CUDA contexts torn down), from the worker's own timestamps."""
+    if not isinstance(phases, dict):
+        return
+    started, judge, done = (phases.get(k) for k in ("worker_started_at", "judge_started_at", "done_at"))
+    if isinstance(started, (int, float)):
+        phases["worker_start_s"] = round(started - t_worker, 3)
+        if isinstance(judge, (int, float)):
+            phases["before_judge_s"] = round(judge - started, 3)  # the family, drawn cases, a warm pass
+    if isinstance(done, (int, float)):
+        phases["worker_exit_s"] = round(t_returned - done, 3)
 
 
 def _last(out: AuditOutcome) -> str:

@@ -44,6 +44,7 @@ class Runner:
         self.sandbox = hello.get("sandbox", {})
         self.arena = Arena(device, chan)
         self.timeout = 600.0
+        self.spent: dict[str, list[float]] = {}  # op -> [count, seconds] as the judge waited for them
 
     @classmethod
     def fork(cls, device: str, mode: str = "auto", hide: list[str] | None = None,
@@ -97,9 +98,13 @@ class Runner:
             # nothing orders them but this. Without it a busy GPU lets the runner read a slot before its
             # inputs land (false mismatches, NaNs from stale memory when audits share a card).
             torch.cuda.synchronize()
+        t0 = time.time()
         try:
             self.chan.send(msg)
             reply = self.chan.recv(timeout=timeout or self.timeout)
+            spent = self.spent.setdefault(str(msg.get("op")), [0, 0.0])
+            spent[0] += 1
+            spent[1] += time.time() - t0
         except ChannelTimeout:
             raise CandidateError("timeout", "Timeout", f"the runner did not answer {msg.get('op')!r} in time") \
                 from None
@@ -129,6 +134,15 @@ class Runner:
         if code < 0 and -code in signal.valid_signals():
             return f"died of {signal.Signals(-code).name}"
         return f"exited with code {code}"
+
+    def profile(self) -> dict[str, Any]:
+        """The runner's own account of its time (tik_evo.runner.Profile: diagnostics only) beside the judge's
+        wait per request kind; {} from a runner that cannot answer."""
+        try:
+            theirs = self.request({"op": "profile"}, timeout=10).get("profile", {})
+        except CandidateError as e:
+            theirs = {"error": str(e)[:200]}
+        return {"judge_wait": {k: [v[0], round(v[1], 3)] for k, v in self.spent.items()}, "runner": theirs}
 
     def load(self, source: str) -> dict[str, Any]:
         return self.request({"op": "load", "source": source})["functions"]

@@ -63,6 +63,7 @@ class Runner:
         self._fns: dict[str, Any] = {}
         self.plans: dict[str, dict[str, Any]] = {}
         self.pristine: dict[str, Any] = {}
+        self.profile = Profile()
 
     def sync(self) -> None:
         if self.device != "cpu":
@@ -228,6 +229,56 @@ class Runner:
         return [k for k, v in self.pristine.items() if now.get(k) is not v]
 
 
+class Profile:
+    """Where the runner's time goes, for the audit's `phases`: seconds per request kind, Triton compiles (hits,
+    misses, seconds) and the C helpers Triton builds with the host compiler. The candidate runs in this process
+    and could falsify these figures: they explain an audit's time and never feed a verdict or a timing."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, list[float]] = {}  # op -> [count, seconds]
+        self.compile = {"misses": 0, "hits": 0, "seconds": 0.0}
+        self.c_builds = {"count": 0, "seconds": 0.0}
+        self.started = time.time()
+
+    def op(self, name: str, seconds: float) -> None:
+        n = self.ops.setdefault(name, [0, 0.0])
+        n[0] += 1
+        n[1] += seconds
+
+    def install(self) -> None:
+        """Hooks into Triton (before the candidate is imported); without the hooks (another Triton) only the
+        per-request figures are kept."""
+        try:
+            import triton.knobs
+            import triton.runtime.build as build
+        except ImportError:
+            return
+
+        def listener(*, src, metadata, metadata_group, times, cache_hit) -> None:
+            self.compile["hits" if cache_hit else "misses"] += 1
+            self.compile["seconds"] += times.total / 1e6
+
+        build_fn = getattr(build, "_build", None)
+        if build_fn is not None:
+            def timed_build(*a, **k):
+                t0 = time.time()
+                try:
+                    return build_fn(*a, **k)
+                finally:
+                    self.c_builds["count"] += 1
+                    self.c_builds["seconds"] += time.time() - t0
+
+            build._build = timed_build
+        if hasattr(triton.knobs, "compilation"):
+            triton.knobs.compilation.listener = listener
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alive_s": round(time.time() - self.started, 3),
+                "ops": {k: [v[0], round(v[1], 3)] for k, v in self.ops.items()},
+                "triton_compile": {**self.compile, "seconds": round(self.compile["seconds"], 3)},
+                "c_builds": {**self.c_builds, "seconds": round(self.c_builds["seconds"], 3)}}
+
+
 def _where(e: BaseException) -> str:
     frame = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     at = f" ({Path(frame.filename).name}:{frame.lineno})" if frame else ""
@@ -241,6 +292,8 @@ def _run(r: Runner, msg: dict[str, Any]) -> dict[str, Any]:
     if op == "empty":
         r.sync()
         return {"ok": True}
+    if op == "profile":
+        return {"ok": True, "profile": r.profile.to_dict()}
     if op not in handlers:
         return {"ok": False, "type": "ProtocolError", "kind": "protocol", "error": f"unknown request {op!r}"}
     try:
@@ -264,7 +317,9 @@ def serve(r: Runner) -> None:
             except Exception as e:  # noqa: BLE001
                 reply = error_reply(e)
         else:
+            t0 = time.time()
             reply = _run(r, msg)
+            r.profile.op(str(msg.get("op")), time.time() - t0)
         if r.pristine:
             bad = r.tampered()
             if bad:
@@ -319,5 +374,7 @@ def main(sock_fd: int, device: str, private: Path, mode: str, hide: list[str], c
 
         interp.install()
     _forget_the_judge()
+    runner = Runner(chan, device, private)
+    runner.profile.install()
     chan.send({"ok": True, "pid": os.getpid(), "sandbox": enforced.to_dict()})
-    serve(Runner(chan, device, private))
+    serve(runner)

@@ -93,6 +93,7 @@ class Collected:
     case: int = 0  # the case it happened in
     type: str = ""  # the exception's type name, if it raised
     notes: list[dict[str, Any]] = field(default_factory=list)  # calls noted for warm passes (tik_evo.warm)
+    profiles: list[dict[str, Any]] = field(default_factory=list)  # each shard's runner (Runner.profile)
 
 
 def collect(shards: list[Shard], n_cases: int) -> Collected:
@@ -101,11 +102,14 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
     by_case: dict[int, list[Check]] = {}
     errors: dict[int, tuple[str, str, str]] = {}
     notes: list[dict[str, Any]] = []
+    profiles: list[dict[str, Any]] = []
     for s in shards:
         code = _reap(s.pid)
         s.pid = 0
         data = read_json(s.result)
         notes += [n for n in data.get("notes", []) if isinstance(n, dict)]
+        if isinstance(data.get("profile"), dict):
+            profiles.append(data["profile"])
         for c, checks in data.get("cases", {}).items():
             by_case[int(c)] = [Check(d["name"], d["passed"], d["kind"], d["details"]) for d in checks]
         if data.get("error"):
@@ -120,7 +124,7 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
     stop_at = min(errors, default=n_cases)
     checks = [c for case in range(min(stop_at, n_cases)) for c in by_case.get(case, [])]
     text, kind, type_ = errors.get(stop_at, ("", "", ""))
-    return Collected(checks, text, kind, stop_at, type_, notes)
+    return Collected(checks, text, kind, stop_at, type_, notes, profiles)
 
 
 def _child(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path,
@@ -172,6 +176,7 @@ def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], resul
     data["done"] = True
     if impl.notes is not None:
         data["notes"] = list(impl.notes.calls.values())
+    data["profile"] = runner.profile()
     _write(result, data)
     runner.close()
     sandbox.kill_descendants()

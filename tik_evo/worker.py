@@ -80,10 +80,11 @@ def sandbox_options(job: WorkerJob) -> dict[str, Any]:
             "cache_dir": root / job.source_hash, "cache_read": [root / h for h in job.ancestors]}
 
 
-def run(job: WorkerJob) -> None:
+def run(job: WorkerJob, started: float | None = None) -> None:
     from tik_evo import sandbox
 
     res = Result(Path(job.result_path))
+    res.data["phases"] = {"worker_started_at": started or time.time()}
     device = job.device
     sandbox.become_subreaper()  # whatever a runner leaves behind becomes ours to kill
     try:
@@ -175,6 +176,8 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
     from tik_evo.remote import CandidateError, Runner, connect
 
     t0 = time.time()
+    phases = res.data.setdefault("phases", {})  # where an audit's time goes besides its stages
+    phases["judge_started_at"] = t0
     # Every process that runs candidate code forks now, before this process touches CUDA.
     procs = shards.count(int(job.evaluate.get("check_procs", 0)), len(cases))
     forked = shards.start(job, cases, procs, Path(job.result_path).parent, notes_below) if procs > 1 else []
@@ -192,7 +195,6 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
                   else "import")
         return
     res.stage("import", True, t0)
-    phases = res.data.setdefault("phases", {})  # where an audit's time goes besides its stages
     phases["runners_and_connect_s"] = time.time() - t0
     if notes_below:
         impl.notes = warm.Notes()
@@ -208,6 +210,7 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
         first = 0
         if level == "full" and forked:
             got = shards.collect(forked, len(cases))
+            phases["shard_runners"] = got.profiles
             checks, todo, first = got.checks, todo[got.case:], got.case  # empty unless a shard stopped early
             if impl.notes is not None:
                 for n in got.notes:
@@ -250,8 +253,8 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
             return
 
     if not job.time:
-        res.data["done"] = True
-        res.flush()
+        phases["runner"] = runner.profile()
+        _done(res)
         return
     t0 = time.time()
     found: list = []
@@ -262,6 +265,7 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
         return
     if not res.stage("timing", all(c.passed for c in found), t0, found, kind=_failed_kind(found)):
         return
+    phases["runner"] = runner.profile()
     if best is not None:
         t0 = time.time()
         runner.close()
@@ -272,23 +276,30 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
         try:
             judged.time_best(family, best, job, res, secret, device)
             phases["best_retimed_s"] = time.time() - t0 - phases["close_candidate_s"]
+            phases["best_runner"] = best.profile()
         except Exception as e:
             res.stage("best", False, time.time(), error="re-timing the current best failed (not the candidate's "
                       f"doing unless it left something behind):\n{_trace(e)}", kind="infrastructure")
             return
-    res.data["done"] = True
-    res.flush()
+    _done(res)
     if impl.notes is not None:
         impl.notes.paused = False
         impl.notes.write(Path(job.run_dir), res.data["device"].get("capability"))
 
 
+def _done(res: Result) -> None:
+    res.data["done"] = True
+    res.data["phases"]["done_at"] = time.time()  # the parent counts the worker's exit from here
+    res.flush()
+
+
 def main() -> None:
+    started = time.time()
     from tik_evo.executor import die_with_parent
 
     die_with_parent()
     job = WorkerJob.from_json(Path(sys.argv[1]).read_text())
-    run(job)
+    run(job, started)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ def test_root_passes_and_is_timed(tmp_path):
     assert set(out.measurements) == {"full", "decode"}
     assert all(m["timer"] == "wall-interpreter" for m in out.measurements.values())
     assert out.device["gpu"].startswith("none")
+    # Time outside the stages is itemised: the worker's start and exit, and each runner's own account.
+    ph = out.device["phases"]
+    assert ph["worker_start_s"] >= 0 and ph["worker_exit_s"] >= 0 and ph["before_judge_s"] >= 0
+    assert ph["runner"]["judge_wait"]["load"][0] == 1
+    assert ph["runner"]["runner"]["ops"]["call"][0] >= 1
 
 
 def test_graph_stage_replays_the_entry_points_and_catches_a_call_that_remembers_its_output(tmp_path):
@@ -109,6 +114,7 @@ def test_full_stage_split_over_processes_reads_as_in_worker(tmp_path, executor):
     assert _full(three)["checks"] == _full(one)["checks"]
     assert len({c["name"] for c in _full(one)["checks"]}) == len(_full(one)["checks"]) > 0
     assert sorted((tmp_path / "three" / "audits" / "I1").glob("shard*.json"))
+    assert len(three.device["phases"]["shard_runners"]) == 3
 
 
 # Case 1 of rmsnorm's full level has hidden 1000 (the small level never does).
