@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tik_evo import staticscan
-from tik_evo.executor import EXECUTORS
+from tik_evo.executor import EXECUTORS, InfrastructureError
 from tik_evo.family import Family
 from tik_evo.worker_io import StageResult, WorkerJob, WorkerResult
 
@@ -47,7 +47,7 @@ class AuditJob:
     seeds: list[int]
     evaluate: dict[str, Any]
     device: str  # "cuda" | "cpu"
-    gpu_index: int = 0
+    gpu_index: int | str = 0  # a device index; with evaluate.executor=ray the slot's GPU model ("ray:H100")
     best_source_hash: str | None = None
     best_source: str | None = None  # its text, read from the IR by the caller
     ancestors: list[str] = field(default_factory=list)  # source hashes whose compiled kernels it may reuse
@@ -89,9 +89,14 @@ def executor_for(job: AuditJob, env: dict[str, str]):
         # against 30 s with a fresh interpreter per audit.
         kind = "forkserver"
     key = (kind, job.device, env.get("CUDA_VISIBLE_DEVICES"), job.slot)
+    make = lambda: EXECUTORS[kind](env)  # noqa: E731
+    if kind == "ray":  # one per GPU model: its tasks ask the cluster for that model (tik_evo.ray_executor)
+        from tik_evo.ray_executor import RayExecutor
+
+        key, make = (kind, job.device, job.gpu_index), lambda: RayExecutor(job.evaluate, job.device, job.gpu_index)
     with _executors_lock:  # concurrent audits ask from their threads; a fork server serves one at a time
         if key not in _executors:
-            _executors[key] = EXECUTORS[kind](env)
+            _executors[key] = make()
         return _executors[key]
 
 
@@ -107,6 +112,10 @@ def close_executors() -> None:
 def audit_slots(evaluate: Any, device: str) -> list[int]:
     """The GPU index of each audit that may run at once: every GPU of `evaluate.gpus` (the first audits the
     root), else `gpu_index` alone; under the interpreter `evaluate.parallel` slots (the index is then unused)."""
+    if getattr(evaluate, "executor", None) == "ray":  # the cluster's GPUs (or CPUs), labelled by GPU model
+        from tik_evo.ray_executor import slots
+
+        return slots(evaluate, device)
     n = max(1, int(getattr(evaluate, "in_flight", 1)))
     if device == "cuda":
         return [g for g in (list(evaluate.gpus) or [evaluate.gpu_index]) for _ in range(n)]
@@ -157,14 +166,19 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-        env["CUDA_VISIBLE_DEVICES"] = worker_devices(env, job.gpu_index)
+        if job.evaluate.get("executor") != "ray":  # a Ray task is given its GPU by Ray
+            env["CUDA_VISIBLE_DEVICES"] = worker_devices(env, job.gpu_index)
     timeout = float(job.evaluate.get("timeout_s", 300))
     # In flight with others on one GPU, an audit may wait for each of them and compile ahead first: the worker
     # lives long enough for that, and only its own time on the GPU counts against timeout_s (below).
     in_flight = int(job.evaluate.get("in_flight", 1))
     limit = timeout * in_flight + (float(job.evaluate.get("warm_timeout_s", 120)) if in_flight > 1 else 0.0)
     t_worker = time.time()
-    rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", limit)
+    lost = ""
+    try:
+        rc, timed_out = executor_for(job, env).run(work / "job.json", work / "worker.log", limit)
+    except InfrastructureError as e:
+        rc, timed_out, lost = -signal.SIGKILL, False, str(e)
     t_returned = time.time()
 
     result = WorkerResult.read(result_path)
@@ -172,13 +186,15 @@ def run_audit(run_dir: Path, job: AuditJob, static: list | None = None) -> Audit
     out.measurements, out.best_retimed, out.device = result.measurements, result.best_retimed, result.device
     if job.device == "cuda":  # which of the run's GPUs: concurrent audits spread over several
         out.device["gpu_index"] = job.gpu_index
-    for key in ("warm", "gpu_lock", "phases"):  # compile ahead, the wait for the GPU, time outside stages
+    for key in ("warm", "gpu_lock", "phases", "ray"):  # compile ahead, the GPU's wait, time outside stages, node
         if result.other.get(key):
             out.device[key] = result.other[key]
     _outside_stages(out.device.get("phases"), t_worker, t_returned)
     out.seconds = time.time() - t_start
     held = result.other.get("gpu_lock", {}).get("acquired_at")
-    if timed_out and in_flight > 1 and (held is None or time.time() - held < timeout):
+    if lost:
+        out.failure_kind, out.failure = "infrastructure", lost
+    elif timed_out and in_flight > 1 and (held is None or time.time() - held < timeout):
         out.failure_kind = "infrastructure"  # queued or compiling ahead too long: never the candidate's verdict
         out.failure = (f"worker killed after {limit:g} s, {'before it held' if held is None else 'soon after'} "
                        f"the GPU (evaluate.in_flight={in_flight}); last stage: {_last(out)}")

@@ -7,6 +7,8 @@ import argparse
 import os
 import sys
 
+from rich.markup import escape
+
 from tik_evo.commands import bench, check, console, inspect, kernel, run
 from tik_evo.commands.check import check_family  # noqa: F401 - tests import it from here
 from tik_evo.config import ConfigError
@@ -44,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
                                   "to its GPU, and each run gets an equal share of the CPUs")
     r.add_argument("--jobs", type=int, default=1,
                    help="runs at once without --gpus (interpreter runs only: runs on one GPU would time each other)")
+    r.add_argument("--ray", nargs="?", const="auto", metavar="ADDRESS",
+                   help="audit on a Ray cluster (auto: the running one; local: start one here; or its address): "
+                        "runs at once share its GPUs, each run's engine and run directory stay here")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(fn=run.cmd_sweep)
     r = sub.add_parser("compare", help="compare finished or running runs side by side")
@@ -108,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except (ConfigError, StoreError) as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")  # a message may name an extra: pip install '.[ray]'
         return 2
     except InitError as e:
-        console.print(f"[red]error:[/] {e}")
+        console.print(f"[red]error:[/] {escape(str(e))}")
         return 1
     except KeyboardInterrupt:
         console.print("interrupted: every finished step is stored; `tik-evo resume RUN_DIR` continues")

@@ -84,6 +84,16 @@ class SearchConfig:
 
 
 @dataclass
+class RayConfig:
+    """`evaluate.executor=ray`: each audit a Ray task on a cluster (tik_evo.ray_executor, docs/campaigns.md)."""
+    address: str = "auto"  # auto (the running cluster) | local (start one in this process) | a cluster address
+    max_in_flight: int = 0  # audits in flight at most; 0: one per GPU of the cluster (x in_flight), or per CPU
+    retries: int = 2  # a worker or node lost mid-audit: the audit runs again, this many times at most
+    executor: str = "auto"  # how a task starts the audit's worker on its node: auto (forkserver) | spawn | forkserver
+    scratch: str = ""  # each node's working directory for the run's audits; "": the node's temporary directory
+
+
+@dataclass
 class EvaluateConfig:
     timeout_s: float = 300.0
     warmup_ms: float = 25.0
@@ -99,7 +109,8 @@ class EvaluateConfig:
     warm: str = "auto"  # compile ahead with no GPU (tik_evo.warm): auto (a GPU, in_flight > 1) | on | off
     warm_timeout_s: float = 120.0  # a warm pass's limit (it is never a verdict: the audit compiles what is left)
     warm_capability: list[int] = field(default_factory=list)  # the target to compile for; []: the run's GPU's
-    executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks)
+    executor: str = "auto"  # auto | spawn (fresh interpreter per audit) | forkserver (imports once, forks) | ray
+    ray: RayConfig = field(default_factory=RayConfig)
     check_procs: int = 0  # processes for the full correctness stage (0: half the CPUs, at most 8; 1: in-worker)
     graph_replay: str = "auto"  # the small cases again from CUDA-graph replays: auto (on a GPU) | on | off
     sandbox: str = "auto"  # the candidate's runner: auto (every protection the machine allows) | strict | off
@@ -267,7 +278,22 @@ def _validate(cfg: DictConfig, path: Path) -> None:
     _choice(cfg.search.space, SPACES, "search.space", path)
     _choice(cfg.gpu.policy, GPU_POLICIES, "gpu.policy", path)
     _choice(cfg.device, DEVICES, "device", path)
-    _choice(cfg.evaluate.executor, ("auto", "spawn", "forkserver"), "evaluate.executor", path)
+    _choice(cfg.evaluate.executor, ("auto", "spawn", "forkserver", "ray"), "evaluate.executor", path)
+    _choice(cfg.evaluate.ray.executor, ("auto", "spawn", "forkserver"), "evaluate.ray.executor", path)
+    for key in ("evaluate.ray.max_in_flight", "evaluate.ray.retries"):
+        if OmegaConf.select(cfg, key) < 0:
+            raise ConfigError(f"{path}: key {key!r}: {OmegaConf.select(cfg, key)}: must be 0 or more")
+    if cfg.evaluate.executor == "ray":
+        if not str(cfg.evaluate.ray.address).strip():
+            raise ConfigError(f"{path}: key 'evaluate.ray.address': empty; auto, local or a cluster address")
+        if list(cfg.evaluate.gpus) or cfg.evaluate.parallel > 1:
+            raise ConfigError(f"{path}: keys 'evaluate.gpus' / 'evaluate.parallel': this host's devices; with "
+                              f"evaluate.executor=ray the audits go to the cluster's GPUs (or CPUs), at most "
+                              f"evaluate.ray.max_in_flight at once")
+        from tik_evo.ray_executor import missing_ray
+
+        if missing_ray():
+            raise ConfigError(f"{path}: key 'evaluate.executor': {missing_ray()}")
     # YAML (and a command-line override) reads a bare on / off as a boolean, which the str field keeps as text.
     cfg.evaluate.graph_replay = {"True": "on", "False": "off"}.get(cfg.evaluate.graph_replay,
                                                                    cfg.evaluate.graph_replay)

@@ -60,6 +60,11 @@ def _kill_group(pid: int) -> None:
 CLOSED = (-signal.SIGKILL, False)
 
 
+class InfrastructureError(RuntimeError):
+    """Raised by `run` when the executor could not get the job run at all (a remote worker lost every time it
+    was tried): the audit fails as `infrastructure`, never as a verdict on the candidate."""
+
+
 class SpawnExecutor:
     def __init__(self, env: dict[str, str]):
         self.env = env

@@ -27,6 +27,8 @@ class InitError(RuntimeError):
 
 def check_gpus(cfg: DictConfig) -> list[int]:
     """The GPUs the run's audits go to (`audit_slots`), each checked to be visible; one audit per GPU."""
+    if cfg.evaluate.executor == "ray":  # the cluster's GPUs, not this host's (tik_evo.ray_executor)
+        return audit_slots(cfg.evaluate, "cuda")
     import torch
 
     count = torch.cuda.device_count()
@@ -45,6 +47,10 @@ def check_gpus(cfg: DictConfig) -> list[int]:
 
 def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
     """Return ("cuda" | "cpu", facts to record, warnings), applying the campaign's GPU policy."""
+    if cfg.evaluate.executor == "ray":
+        from tik_evo.ray_executor import resolve_device as on_cluster
+
+        return on_cluster(cfg)
     import torch
 
     warnings: list[str] = []

@@ -95,9 +95,11 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], combos: list[dict
 @dataclass
 class Slot:
     """Where one concurrent run goes: a logical CUDA index for its audits (None on the CPU) and the CPUs its
-    processes are pinned to (None: not pinned)."""
+    processes are pinned to (None: not pinned); or (`--ray`) the overrides sending its audits to a cluster."""
     gpu: int | None
     cpus: set[int] | None
+    overrides: list[str] = field(default_factory=list)
+    on: str = ""  # where its audits go, in the live table ("" : its GPU or the CPU)
 
 
 def slots(gpus: list[int] | None, jobs: int) -> list[Slot]:
@@ -121,6 +123,7 @@ class SweepRun:
 
     def argv(self) -> list[str]:
         gpu = [f"evaluate.gpu_index={self.slot.gpu}"] if self.slot and self.slot.gpu is not None else []
+        gpu += self.slot.overrides if self.slot else []
         cmd = [sys.executable, "-m", "tik_evo.cli"]
         if (self.run_dir / "ir.lmdb").exists():  # a sweep killed midway: the run continues where it stopped
             return [*cmd, "resume", str(self.run_dir), *gpu, "--quiet"]
@@ -130,6 +133,10 @@ class SweepRun:
         self.slot, self.status = slot, "running"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         pin = (lambda: os.sched_setaffinity(0, slot.cpus)) if slot.cpus else None
+        if slot.overrides:  # a sweep killed outright takes its runs' engines along: their Ray jobs end with them
+            from tik_evo.executor import die_with_parent
+
+            pin = die_with_parent
         with open(self.run_dir / "run.log", "ab") as log:
             # Own session: a Ctrl-C reaches the sweep, which stops its runs in order (see `stop`).
             self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -153,7 +160,8 @@ class SweepRun:
 
 def live_row(run: SweepRun) -> list[str]:
     """What the run's store says now (it may not exist yet, or be mid-initialization)."""
-    where = "-" if run.slot is None else (f"GPU {run.slot.gpu}" if run.slot.gpu is not None else "CPU")
+    where = "-" if run.slot is None else (run.slot.on or (f"GPU {run.slot.gpu}" if run.slot.gpu is not None
+                                                          else "CPU"))
     status = run.status + (f" (exit {run.rc})" if run.status == "failed" else "")
     try:
         with Store.open_reader(run.run_dir) as store:

@@ -114,6 +114,8 @@ def resume_run(run_dir: Path, overrides: list[str], quiet: bool) -> None:
     store = Store.open_writer(run_dir)
     try:
         st = store.state()
+        if cfg.evaluate.executor == "ray":
+            _reap_on_cluster(store, cfg)
         if st.device == "cuda":
             from tik_evo.initialization import anchor_gpus, check_gpus
 
@@ -145,6 +147,18 @@ def resume_run(run_dir: Path, overrides: list[str], quiet: bool) -> None:
         store.close()
 
 
+def _reap_on_cluster(store: Store, cfg) -> None:
+    """Audits an earlier engine of this run left on the cluster (killed with -9, its node's Ray worker not yet
+    gone) are ended before this one audits anything."""
+    from tik_evo.ray_executor import reap
+
+    ended = reap(store.run_dir, cfg.evaluate)
+    if ended:
+        console.print(f"ended {len(ended)} process(es) an earlier engine of this run left on the Ray cluster")
+        with store.transaction() as txn:
+            txn.event("resume", f"ended {len(ended)} process(es) of an earlier engine on the Ray cluster: {ended}")
+
+
 def cmd_sweep(args) -> int:
     """Every combination of the comma-separated override values, one run each, then a comparison."""
     from tik_evo import sweep
@@ -162,7 +176,7 @@ def cmd_sweep(args) -> int:
     cfgs = [load_campaign(r.run_args[0], r.run_args[1:]) for r in runs]
     for cfg in cfgs:
         prepare(cfg)  # every run's campaign is checked before the first starts
-    slots = _sweep_slots(args, base_cfg)
+    slots = _sweep_slots(args, base_cfg, len(runs))
     console.print(f"sweep of {len(combos)} runs into {sweep_dir}"
                   + (f", {len(slots)} at a time" if slots else ""))
     for run in runs:
@@ -191,13 +205,19 @@ def cmd_sweep(args) -> int:
     return 1 if failed else 0
 
 
-def _sweep_slots(args, cfg) -> list:
+def _sweep_slots(args, cfg, runs: int) -> list:
     """Concurrent slots for `--gpus` / `--jobs`, or [] to run one after another in this process."""
     from tik_evo import sweep
     from tik_evo.initialization import resolve_device
 
     if args.jobs < 1:
         raise ConfigError(f"--jobs {args.jobs}: must be at least 1")
+    if args.ray is not None:
+        if args.gpus is not None or args.jobs != 1:
+            raise ConfigError("--ray: the cluster's GPUs are shared among the runs; drop --gpus / --jobs")
+        from tik_evo.ray_executor import sweep_slots
+
+        return sweep_slots(cfg, args.ray, runs)
     if args.gpus is None and args.jobs == 1:
         return []
     if cfg.evaluate.gpus or cfg.evaluate.parallel > 1:
