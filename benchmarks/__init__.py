@@ -89,6 +89,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("concurrent-audits", _B + "concurrent_audits_gpu", "concurrent audits on several GPUs of one host",
           True),
     Suite("engine-overhead", _B + "engine_overhead", "the engine's own time per step, the audit synthetic", False),
+    Suite("ray-startup", _B + "ray_startup", "an audit worker's start-up through a Ray task against the local "
+          "executors (CPU, a local cluster)", False),
     Suite("campaign-summary", _B + "campaign_summary", "a finished run directory as a results file (RUN_DIR "
           "OUT.json)", False),
 )}

@@ -187,3 +187,61 @@ def test_reap_ends_what_a_dead_engine_left_and_keeps_the_live_engines(tmp_path):
         for p in (*procs.values(), stray):
             p.kill()
             p.wait()
+
+
+def _fake_cluster(monkeypatch, nodes, address="127.0.0.1:1"):
+    """The engine's view of a cluster of these nodes, without one (tests of what the engine decides from it)."""
+    from types import SimpleNamespace
+
+    from tik_evo import ray_executor
+
+    fake = ray_executor.Cluster(SimpleNamespace(nodes=lambda: nodes), address)
+    monkeypatch.setattr(ray_executor, "_cluster", fake)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: SimpleNamespace(gcs_address=address))
+    return fake
+
+
+def _node(ip, **res):
+    return {"Alive": True, "NodeManagerAddress": ip, "NodeID": ip, "Resources": {"CPU": 8, **res}}
+
+
+def test_sweep_on_the_cluster_shares_its_cpus_among_the_runs(tmp_path, monkeypatch):
+    from tik_evo.config import load_campaign
+    from tik_evo.ray_executor import sweep_slots
+    from tik_evo.sweep import SweepRun
+
+    cluster = "127.0.0.1:1"
+    _fake_cluster(monkeypatch, [{**_node("a"), "Resources": {"CPU": 2}}], cluster)
+    cfg = load_campaign(_campaign(tmp_path))
+    three = sweep_slots(cfg, cluster, 3)  # two CPUs: two runs at once, one audit in flight each
+    assert len(three) == 2 and all(s.gpu is None and s.cpus is None for s in three)
+    assert three[0].overrides == ["evaluate.executor=ray", f"evaluate.ray.address={cluster}",
+                                  "evaluate.ray.max_in_flight=1"]
+    one = sweep_slots(cfg, cluster, 1)
+    assert len(one) == 1 and one[0].overrides[-1] == "evaluate.ray.max_in_flight=2"
+    run = SweepRun("a", tmp_path / "a", [str(tmp_path / "campaign.yaml"), f"store.path={tmp_path / 'a'}"], slot=one[0])
+    assert run.argv()[-4:] == [*one[0].overrides, "--quiet"]
+    (tmp_path / "a" / "ir.lmdb").mkdir(parents=True)  # a sweep killed midway resumes its run on the cluster too
+    assert run.argv()[3:5] == ["resume", str(tmp_path / "a")] and run.argv()[-4:] == [*one[0].overrides, "--quiet"]
+
+
+def test_gpu_models_are_kept_apart_or_refused(monkeypatch):
+    from types import SimpleNamespace
+
+    from tik_evo import ray_executor
+    from tik_evo.config import ConfigError
+
+    node = _node
+    two_models = [node("a", GPU=2, **{"accelerator_type:H100": 1}), node("b", GPU=1, **{"accelerator_type:H200": 1}),
+                  node("c")]
+    fake = _fake_cluster(monkeypatch, two_models)
+    assert fake.models == {"H100": 2, "H200": 1} and fake.cpus == 24
+    ev = {"in_flight": 1, "ray": {"max_in_flight": 0}}
+    assert ray_executor.slots(ev, "cuda") == ["ray:H100", "ray:H200", "ray:H100"]
+    assert ray_executor.slots({**ev, "ray": {"max_in_flight": 2}}, "cuda") == ["ray:H100", "ray:H200"]  # both kept
+    assert len(ray_executor.slots(ev, "cpu")) == 24
+    task = ray_executor.RayExecutor({"in_flight": 2}, "cuda", "ray:H200").options("I3")
+    assert task["num_gpus"] == 0.5 and task["resources"] == {"accelerator_type:H200": 0.001}
+    unlabelled = [*two_models, node("d", GPU=4)]
+    with pytest.raises(ConfigError, match="accelerator_type"):
+        ray_executor.Cluster(SimpleNamespace(nodes=lambda: unlabelled), "x")
