@@ -72,15 +72,18 @@ def _markdown(data: dict, json_name: str) -> str:
              "Seconds; the first audit of each executor (cold fork server or Ray worker) apart from the median of "
              "the others.", "",
              "| executor | worker start, first | worker start | worker exit | outside stages, first | outside stages "
-             "| audit wall |", "|---|---|---|---|---|---|---|"]
+             "| audit wall | host load (1 min) before, after |", "|---|---|---|---|---|---|---|---|"]
     for name, s in data["arms"].items():
         m, f = s["median_after_first"], s["first"]
         lines.append(f"| {name} | {f['worker_start_s']} | {m['worker_start_s']} | {m['worker_exit_s']} | "
-                     f"{f['outside_stages_s']} | {m['outside_stages_s']} | {m['wall_s']} |")
+                     f"{f['outside_stages_s']} | {m['outside_stages_s']} | {m['wall_s']} | "
+                     f"{' , '.join(map(str, s['load_1min']))} |")
     lines += ["", "`worker start`: the job handed to the executor → the worker's first line (for Ray: the task "
               "submitted, started on its node, and the worker started there). `worker exit`: the verdict written → "
               "the engine holding the result (for Ray: the evidence files returned and written by the engine). "
-              "`outside stages`: the audit's wall time less its stages. On a cluster the task's node is another "
+              "`outside stages`: the audit's wall time less its stages (for `spawn` it holds the fresh interpreter's "
+              "imports, which happen before the worker's first line is timed). A host load above its cores means "
+              "other jobs shared the CPUs. On a cluster the task's node is another "
               "host: the network adds to both ends, and a GPU node's figures are still to be measured.", ""]
     return "\n".join(lines)
 
@@ -116,9 +119,10 @@ def main(argv: list[str] | None = None) -> int:
                 if "ray" in evaluate:
                     evaluate = {**evaluate, "ray": {**evaluate["ray"], "scratch": str(Path(tmp) / "scratch")}}
                 run_dir = Path(tmp) / name
+                load = os.getloadavg()[0]
                 rows = [_audit(run_dir, family, evaluate, f"I{i}") for i in range(args.audits)]
                 close_executors()  # the next arm starts cold, as this one did
-                data["arms"][name] = _summary(rows)
+                data["arms"][name] = {**_summary(rows), "load_1min": [round(load, 2), round(os.getloadavg()[0], 2)]}
                 print(name, data["arms"][name]["first"], data["arms"][name]["median_after_first"], flush=True)
         finally:
             close_executors()

@@ -127,8 +127,14 @@ def _on_node(ray, fn, node: dict[str, Any]):
 def check_installs(ray, cluster: Cluster) -> None:
     """Every alive node runs the same tik-evo as the engine, or the run is refused naming the node."""
     mine = ray_task.identity()
-    refs = [_on_node(ray, ray_task.probe, n).remote() for n in cluster.nodes]
-    for theirs in ray.get(refs, timeout=300):
+    refs = [_on_node(ray, ray_task.probe, n).remote() for n in cluster.nodes]  # every node at once
+    for node, ref in zip(cluster.nodes, refs):
+        try:
+            theirs = ray.get(ref, timeout=300)
+        except Exception as e:  # noqa: BLE001 - the node cannot import tik-evo, or never answered
+            raise ConfigError(f"key 'evaluate.executor': ray: node {node.get('NodeManagerAddress')} could not report "
+                              f"its tik-evo install ({type(e).__name__}: {str(e)[:400]}); is tik-evo installed "
+                              f"there (pip install -e '.[ray]') in the Python that runs `ray start`?") from None
         why = ray_task.mismatch(theirs, mine)
         if why:
             raise ConfigError(f"key 'evaluate.executor': ray: {why}")
