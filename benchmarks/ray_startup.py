@@ -77,7 +77,7 @@ def _markdown(data: dict, json_name: str) -> str:
         m, f = s["median_after_first"], s["first"]
         lines.append(f"| {name} | {f['worker_start_s']} | {m['worker_start_s']} | {m['worker_exit_s']} | "
                      f"{f['outside_stages_s']} | {m['outside_stages_s']} | {m['wall_s']} | "
-                     f"{' , '.join(map(str, s['load_1min']))} |")
+                     f"{', '.join(map(str, s['load_1min']))} |")
     lines += ["", "`worker start`: the job handed to the executor → the worker's first line (for Ray: the task "
               "submitted, started on its node, and the worker started there). `worker exit`: the verdict written → "
               "the engine holding the result (for Ray: the evidence files returned and written by the engine). "
