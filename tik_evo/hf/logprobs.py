@@ -63,13 +63,11 @@ class Rollout:
         return logprobs[:, prompt - 1:].masked_fill(~self.mask, 0.0)
 
 
-def _recorder(model, temperature: float, kernels: str):
+def _recorder(score):
     """A stopping criterion that never stops anything: after each sampling step it takes the step's raw logits
-    (a hook on lm_head keeps the last position's bf16 output) and the token just sampled, and records the
-    token's log-prob through the logprob family's decode path."""
+    (a hook on lm_head keeps the last position's bf16 output) and the token just sampled, and records
+    score(logits, tokens), the tokens' log-probs."""
     from transformers import StoppingCriteria
-
-    import tik_evo.ops as ops
 
     class Record(StoppingCriteria):
         def __init__(self):
@@ -79,23 +77,32 @@ def _recorder(model, temperature: float, kernels: str):
             self.logits = output[:, -1].detach()
 
         def __call__(self, input_ids, scores, **kwargs):
-            lp, _ = ops.logprob(self.logits, input_ids[:, -1], temperature, True, kernels)
-            self.steps.append(lp)
+            self.steps.append(score(self.logits, input_ids[:, -1]))
             return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     return Record()
 
 
+def kernel_score(kernels: str, temperature: float):
+    """score(logits, tokens) through the logprob family's decode path: what a rollout records."""
+    import tik_evo.ops as ops
+
+    return lambda logits, tokens: ops.logprob(logits, tokens, temperature, True, kernels)[0]
+
+
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, temperature: float = 1.0,
-             max_new_tokens: int = 32, cache_implementation: str | None = "static", **kwargs) -> Rollout:
+             max_new_tokens: int = 32, cache_implementation: str | None = "static", score=None,
+             **kwargs) -> Rollout:
     """`model.generate` sampling at `temperature` (top-k and top-p off unless given in kwargs: the recorded
     log-probs are those of softmax(logits / temperature)), recording each sampled token's log-prob as it goes.
     Prompts are left-padded (attention_mask 0 on padding). A static cache by default; `disable_compile=True`
-    unless given (transformers would otherwise compile the decode step on a GPU)."""
-    kernels = _kernels(model)
+    unless given (transformers would otherwise compile the decode step on a GPU). `score(logits, tokens)` records
+    something else than the kernels' log-probs (a benchmark's control on an unpatched model)."""
+    if score is None:
+        score = kernel_score(_kernels(model), float(temperature))
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    rec = _recorder(model, float(temperature), kernels)
+    rec = _recorder(score)
     handle = model.lm_head.register_forward_hook(rec.hook)
     cfg = model.generation_config
     eos = kwargs.pop("eos_token_id", cfg.eos_token_id)
