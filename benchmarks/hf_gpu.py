@@ -180,7 +180,8 @@ def speed(patched, plain, liger, rotary, args, shape, device) -> dict:
             "transformers_sdpa": lambda: torch_logprobs(plain, ids, mask, T)}
     if liger is not None:
         runs["liger"] = lambda: torch_logprobs(liger, ids, mask, T)
-    out: dict = {"train_batch": args.train_batch, "train_len": args.train_len, "forward_ms": {}, "forward_backward_ms": {}}
+    out: dict = {"train_batch": args.train_batch, "train_len": args.train_len, "forward_ms": {},
+                 "forward_backward_ms": {}}
     for which, fn in runs.items():  # warm-up (compiles each model's kernels)
         rope_for(which)
         with torch.no_grad():
