@@ -48,6 +48,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           "torch", True),
     Suite("model-graphs", _B + "model_graphs_gpu", "a rollout with every kernel call replayed from a CUDA graph",
           True),
+    Suite("hf", _B + "hf_gpu", "transformers Qwen3 / Qwen2.5 models patched by tik_evo.hf: generate vs training "
+          "log-prob bits, forward time vs Liger and SDPA, torch.compile (--smoke: CPU)", True),
     Suite("policy", _B + "policy_gpu", "the policy update (forward + backward) on the kernels vs a torch trainer",
           True),
     Suite("policy-glue", _B + "policy_glue_gpu", "the policy update's glue kernels vs the torch code they "

@@ -22,3 +22,19 @@ def test_every_package_folder_is_installed():
     assert listed == folders and "tik_evo_bench" in listed
     assert not (ROOT / "kernels" / "__init__.py").exists()  # a regular package `kernels` here would hide another's
     assert not list((ROOT / "benchmarks").glob("*/__init__.py"))  # one package: subfolders would need listing
+
+
+def test_installs_keep_a_gpu_users_torch():
+    """`pip install -e .` (and its extras, hf among them) must accept the torch and Triton a GPU machine already has
+    (torch 2.11, Triton 3.6) as well as the CPU pin, so pip never replaces them; only the core names them."""
+    requirements = pytest.importorskip("packaging.requirements")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {r.name: r.specifier for r in map(requirements.Requirement, project["dependencies"])}
+    assert set(core) >= {"torch", "triton"}
+    pins = dict(line.split("==") for line in (ROOT / "constraints" / "cpu.txt").read_text().splitlines()
+                if "==" in line and not line.startswith("#"))
+    for name, versions in {"torch": ("2.11.0", pins["torch"]), "triton": ("3.6.0", pins["triton"])}.items():
+        assert all(core[name].contains(v) for v in versions), (name, str(core[name]), versions)
+    for extra, reqs in project["optional-dependencies"].items():
+        named = {requirements.Requirement(r).name for r in reqs}
+        assert not named & {"torch", "triton"}, f"extra {extra} names torch or triton"
