@@ -253,14 +253,25 @@ def cmd_times(args) -> dict:
     engines = {"before": Path(args.old).resolve() if args.old else None, "after": ROOT}
     for fam in args.families.split(","):
         for engine_name in args.engines.split(","):
-            engine = engines[engine_name]
+            # "after+check_procs=2": an engine with evaluate settings of its own (numbers parsed as JSON)
+            base, *sets = engine_name.split("+")
+            if base not in engines:
+                raise SystemExit(f"times: unknown engine {base!r} in --engines (before, after)")
+            engine = engines[base]
             if engine is None:
                 raise SystemExit("times: --old DIR is needed for the 'before' engine")
+            evaluate = dict(EVALUATE)
+            for kv in sets:
+                key, _, value = kv.partition("=")
+                try:
+                    evaluate[key] = json.loads(value)
+                except ValueError:
+                    evaluate[key] = value
             cache = tempfile.mkdtemp(prefix=f"tc_{engine_name}_")
             with tempfile.TemporaryDirectory() as d:
                 for i, knobs in enumerate([{}, *VARIANTS[fam]]):
                     spec = {"family": fam, "knobs": knobs, "run_dir": d, "id": f"I{i}", "workloads": WORKLOADS[fam],
-                            "evaluate": EVALUATE, "best": {} if i else None, "ancestors": [{}] if i else []}
+                            "evaluate": evaluate, "best": {} if i else None, "ancestors": [{}] if i else []}
                     r = audit(spec, engine, {"TRITON_CACHE_DIR": cache})
                     rows.append({"family": fam, "engine": engine_name, "audit": i, "knobs": knobs, **r})
                     print(f"{fam:10s} {engine_name:6s} audit {i} passed={r['passed']} {r['seconds']:.1f}s "
@@ -315,7 +326,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["adversarial", "roots", "times", "warm"])
     ap.add_argument("--old", help="times: a checkout of the engine to compare with")
-    ap.add_argument("--engines", default="before,after", help="times: which engines, in order (before,after)")
+    ap.add_argument("--engines", default="before,after", help="times: which engines, in order (before,after); "
+                    "after+KEY=VALUE sets an evaluate key for that engine, e.g. after+check_procs=2")
     ap.add_argument("--families", default=None, help="times: rmsnorm,attention; roots: all (comma list)")
     ap.add_argument("--pick", help="roots: only these family:set pairs (comma list)")
     ap.add_argument("--jobs", type=int, default=1, help="roots: audits at once (verdicts only, no timing)")
