@@ -20,7 +20,7 @@ HEAD_DIMS = (64, 128)
 # page edges inside blocks at no power of two, whole blocks a page.
 PAGE_SIZES = (16, 48, 256)
 # Items of a case's mixed decode batch decoded again from pages under the interpreter (every item on a GPU).
-INTERP_PAGED_ITEMS = 8
+INTERP_PAGED_ITEMS = 6
 # Key positions worth decoding besides the answer positions: tile and chunk edges of every knob value.
 EDGE_POSITIONS = (0, 1, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 511, 512, 1023, 1024, 2047, 2048, 4095, 4096)
 _SHAPE = ("batch", "q_heads", "kv_heads", "head_dim")
