@@ -185,7 +185,7 @@ while [ $# -gt 0 ]; do
     attention_gluon_decode)  # the Gluon decode / prefill against Triton, bit for bit (a quick gate; GLUON_DECODE_SETS picks knob sets)
       timeout 150 python3 -m tik_evo.cli bench attention-gluon-decode ${GLUON_DECODE_SETS:+--sets $GLUON_DECODE_SETS} --out "$OUT/attention_gluon_decode.json" 2>&1 | tail -30 ;;
     paged_decode)  # decode from a paged KV cache vs the contiguous decode, SDPA, flash-attn; bits paged == contiguous (PAGED_ARGS)
-      timeout 900 python3 -m tik_evo.cli bench paged-decode ${PAGED_ARGS:-} --out "$OUT/paged_decode.json" 2>&1 | tail -40 ;;
+      timeout 570 python3 -m tik_evo.cli bench paged-decode ${PAGED_ARGS:-} --out "$OUT/paged_decode.json" 2>&1 | tail -40 ;;
     attention_packed)  # the grid's packed training batches: prefill_packed (root, hopper set) vs torch's varlen flash
       timeout 240 python3 -m tik_evo.cli bench attention --variants root,hopper --cells train_packed --check-variants '' \
         --budget-s 200 --out "$OUT/attention_packed.json" 2>&1 | tail -12 ;;
