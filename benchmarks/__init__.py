@@ -68,6 +68,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           "kernels, bit for bit", True),
     Suite("attention-host-time", _B + "attention_host_time_gpu", "host time per attention call vs torch SDPA",
           True),
+    Suite("paged-decode", _B + "paged_decode_gpu", "decode from a paged KV cache vs the contiguous decode, SDPA and "
+          "flash-attn's paged kernel; bits paged == contiguous (--smoke: tiny, on the CPU)", True),
     # Nsight Compute drivers (run under `ncu`; `summarize` reads the exported report)
     Suite("attention-ncu", _B + "attention_decode_profile", "attention launches under Nsight Compute "
           "(run / summarize)", True),

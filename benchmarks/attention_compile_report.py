@@ -2,7 +2,7 @@
 compiler did: shared memory, registers, spills, and the wgmma / TMA instructions in the SASS.
 
     tik-evo bench attention-compile [--source FILE] [--knobs '{"FULL_KV_LOADS": "tma"}']
-        [--paths prefill,prefill_ws]
+        [--paths prefill,prefill_ws] [--page-size 16]
 
 --knobs may also be a JSON list of knob changes: one report per entry, as a JSON list, from one process (Python
 and Triton start once). --paths compiles only the kernels named (the others read null).
@@ -23,23 +23,27 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 from tik_evo.sm90 import compile_sm90, load_variant  # noqa: E402
 
-ALIGNED = {"Q", "K", "V", "CTX", "O", "O32", "M_WS", "L_WS", "ACC_WS", "ARRIVALS", "S", "S_CAP", "TOTAL_ROWS"}
+ALIGNED = {"Q", "K", "V", "CTX", "O", "O32", "M_WS", "L_WS", "ACC_WS", "ARRIVALS", "S", "S_CAP", "TOTAL_ROWS",
+           "BT", "BT_STRIDE"}
 PREFILL_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*bf16", "S": "i32",
                "TOTAL_ROWS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32", "BH": "i32"}
 DECODE_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "CTX": "*i32", "O": "*bf16", "O32": "*bf16",
               "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32", "ARRIVALS": "*i32", "S_CAP": "i32",
-              "TOTAL_ROWS": "i32", "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
+              "TOTAL_ROWS": "i32", "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32",
+              "BT": "*i32", "BT_STRIDE": "i32"}
 PACKED_SIG = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "O": "*bf16", "O32": "*bf16", "CU": "*i32",
               "TOTAL_ROWS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 MERGE_SIG = {"CTX": "*i32", "O": "*bf16", "O32": "*bf16", "M_WS": "*fp32", "L_WS": "*fp32", "ACC_WS": "*fp32",
              "N_CHUNKS": "i32", "qk_scale": "fp32", "HQ": "i32", "HKV": "i32", "GROUP": "i32"}
 
 
-PATHS = ("prefill", "prefill_packed", "decode", "merge", "prefill_ws", "decode_ws")
+PATHS = ("prefill", "prefill_packed", "decode", "merge", "prefill_ws", "decode_ws", "decode_paged")
 
 
-def report(source: Path, knobs: dict, head_dim: int, decode_split: int | None, paths=PATHS) -> dict:
-    """Compile the kernels named in `paths` of `source` with `knobs` changed, as the launches would."""
+def report(source: Path, knobs: dict, head_dim: int, decode_split: int | None, paths=PATHS, page_size: int = 16) \
+        -> dict:
+    """Compile the kernels named in `paths` of `source` with `knobs` changed, as the launches would (decode_paged:
+    pages of `page_size` keys, 8 KV heads, TMA where the knob asks for it and the pages hold whole blocks)."""
     mod = load_variant(source, knobs, "attention_report")
     kn = mod.KNOBS
     split = kn["SPLIT_TOKENS"] if decode_split is None else decode_split
@@ -58,18 +62,21 @@ def report(source: Path, knobs: dict, head_dim: int, decode_split: int | None, p
             "BLOCK_N": kn["BLOCK_N"], "SPLIT": kn["SPLIT_TOKENS"], "SPLIT_LOOP": kn["FULL_SPLIT_LOOP"],
             "TMA": kn["FULL_KV_LOADS"] == "tma", "WRITE32": False},
             kn["FULL_NUM_WARPS"], kn["FULL_NUM_STAGES"], ALIGNED | {"CU"})
-    if "decode" in paths:
+    for path, page in (("decode", 0), ("decode_paged", page_size)):
+        if path not in paths:
+            continue
         # The decode tile as decode() picks it (groups of 4 rows fit every tile).
         layout_free = kn["ROW_SUM"] != "reduce"
         block_m = kn["DECODE_BLOCK_M"] if layout_free else max(kn["DECODE_BLOCK_M"], 64)
-        rep["decode"] = compile_sm90(mod._decode_kernel, DECODE_SIG, {
+        rep[path] = compile_sm90(mod._decode_kernel, DECODE_SIG, {
             "HEAD_D": head_dim, "BLOCK_M": block_m, "BLOCK_N": kn["BLOCK_N"], "SPLIT": split,
             "PACK_GQA": kn["DECODE_PACK_GQA"], "CHUNKS_PER_PROGRAM": cpp, "CHUNK_LOOP": kn["DECODE_CHUNK_LOOP"],
-            "TMA": kn["DECODE_KV_LOADS"] == "tma", "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
+            "TMA": kn["DECODE_KV_LOADS"] == "tma" and page % kn["BLOCK_N"] == 0,
+            "PDL": kn["DECODE_MERGE_LAUNCH"] == "pdl",
             "FINISH_SINGLE": kn["DECODE_FINISH_SINGLE"], "FUSED_MERGE": kn["DECODE_MERGE_LAUNCH"] == "fused",
             "MERGE_ROWS": max(kn["DECODE_MERGE_ROWS"], group), "MERGE_LOADS": kn["DECODE_MERGE_LOADS"],
-            "WRITE32": False},
-            kn["DECODE_NUM_WARPS"], kn["DECODE_NUM_STAGES"], ALIGNED)
+            "WRITE32": False, "PAGE": page, "KV_ROW": 8 * head_dim if page else 0},
+            kn["DECODE_NUM_WARPS"], 2 * kn["DECODE_NUM_STAGES"] - 1 if page else kn["DECODE_NUM_STAGES"], ALIGNED)
     if "merge" in paths:
         rep["merge"] = compile_sm90(mod._decode_merge_kernel, MERGE_SIG, {
             "HEAD_D": head_dim, "ROWS": max(kn["DECODE_MERGE_ROWS"], group), "SPLIT": split,
@@ -115,12 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--decode-split", type=int, default=None, help="decode's SPLIT (default: the knob)")
     ap.add_argument("--paths", default=",".join(PATHS), help=f"kernels to compile, of {','.join(PATHS)}")
+    ap.add_argument("--page-size", type=int, default=16, help="decode_paged's keys per page")
     args = ap.parse_args(argv)
     paths = args.paths.split(",")
     if bad := [p for p in paths if p not in PATHS]:
         ap.error(f"--paths: unknown {bad}; choose from {list(PATHS)}")
     knobs = json.loads(args.knobs)
-    reps = [report(args.source, k, args.head_dim, args.decode_split, paths)
+    reps = [report(args.source, k, args.head_dim, args.decode_split, paths, args.page_size)
             for k in (knobs if isinstance(knobs, list) else [knobs])]
     print(json.dumps(reps if isinstance(knobs, list) else reps[0], indent=1))
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_gluon_decode), each under its own
+# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_gluon_decode | paged_decode), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can. Each step
 # runs a `tik-evo bench` suite as `python3 -m tik_evo.cli bench NAME` (PYTHONPATH=$PWD: importing tik_evo maps
 # tik_evo_bench and tik_evo_kernels to benchmarks/ and kernels/).
@@ -184,6 +184,8 @@ while [ $# -gt 0 ]; do
       timeout 300 python3 -m tik_evo.cli bench attention-host-time ${HOST_ARGS:-} --out "$OUT/attention_host_time.json" 2>&1 | tail -60 ;;
     attention_gluon_decode)  # the Gluon decode / prefill against Triton, bit for bit (a quick gate; GLUON_DECODE_SETS picks knob sets)
       timeout 150 python3 -m tik_evo.cli bench attention-gluon-decode ${GLUON_DECODE_SETS:+--sets $GLUON_DECODE_SETS} --out "$OUT/attention_gluon_decode.json" 2>&1 | tail -30 ;;
+    paged_decode)  # decode from a paged KV cache vs the contiguous decode, SDPA, flash-attn; bits paged == contiguous (PAGED_ARGS)
+      timeout 570 python3 -m tik_evo.cli bench paged-decode ${PAGED_ARGS:-} --out "$OUT/paged_decode.json" 2>&1 | tail -40 ;;
     attention_packed)  # the grid's packed training batches: prefill_packed (root, hopper set) vs torch's varlen flash
       timeout 240 python3 -m tik_evo.cli bench attention --variants root,hopper --cells train_packed --check-variants '' \
         --budget-s 200 --out "$OUT/attention_packed.json" 2>&1 | tail -12 ;;

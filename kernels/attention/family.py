@@ -16,6 +16,11 @@ from tik_evo_kernels.rmsnorm.family import draw_scale, odd
 # The pre-cast fp32 output carries bf16 rounding of the probabilities in the PV dot; measured ~2e-3.
 FP32_TOL = 8e-3
 HEAD_DIMS = (64, 128)
+# Page sizes the paged checks draw from (each compiles its own decode kernel on a GPU, so only a few): split blocks,
+# page edges inside blocks at no power of two, whole blocks a page.
+PAGE_SIZES = (16, 48, 256)
+# Items of a case's mixed decode batch decoded again from pages under the interpreter (every item on a GPU).
+INTERP_PAGED_ITEMS = 6
 # Key positions worth decoding besides the answer positions: tile and chunk edges of every knob value.
 EDGE_POSITIONS = (0, 1, 15, 16, 31, 32, 63, 64, 127, 128, 255, 256, 511, 512, 1023, 1024, 2047, 2048, 4095, 4096)
 _SHAPE = ("batch", "q_heads", "kv_heads", "head_dim")
@@ -44,7 +49,7 @@ GLUON_PREFILL = (("FULL_IMPL", ("gluon_ws", "auto")),)
 
 class AttentionFamily(Family):
     name = "attention"
-    entry_points = ("prefill", "decode", "prefill_packed")
+    entry_points = ("prefill", "decode", "prefill_packed", "decode_paged")
     signatures = (
         EntryPoint("prefill", ("q", "k", "v", "sm_scale", "out", "out32"), writes=("out", "out32"),
                    optional=("out32",)),
@@ -52,6 +57,9 @@ class AttentionFamily(Family):
                    writes=("out", "out32"), optional=("out32",)),
         EntryPoint("prefill_packed", ("q", "k", "v", "cu_seqlens", "max_seqlen", "sm_scale", "out", "out32"),
                    writes=("out", "out32"), optional=("out32",)),
+        # decode from a paged cache (a serving engine's layout), with decode's bits on the same logical cache
+        EntryPoint("decode_paged", ("q", "k_pages", "v_pages", "block_table", "context_lens", "sm_scale", "out",
+                                    "out32"), writes=("out", "out32"), optional=("out32",)),
     )
     # train_packed: a trainer's packed batch of sequences of different lengths, one `prefill_packed` launch.
     phases = ("prefill", "train_forward", "train_packed", "decode")
@@ -257,16 +265,21 @@ class AttentionFamily(Family):
             raise ValueError(f"key 'lengths': expected a non-empty list of positive token counts, got {lengths!r}")
 
     def check_cases(self, level: str) -> list[dict[str, Any]]:
-        small = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 45, "answer": 25, "scale": 1.0}
+        # page_size: the case also decodes from a paged cache (`decode_paged`) of that many keys a page: 16 splits
+        # every KV block over pages, 48 puts page edges inside blocks at no power of two, 256 holds whole blocks.
+        small = {"batch": 2, "q_heads": 4, "kv_heads": 2, "head_dim": 64, "prompt": 45, "answer": 25, "scale": 1.0,
+                 "page_size": 16}
         if level == "small":
             return [small]
         if interp.interpreting():  # the CPU interpreter would take hours on the GPU cases below
             return [small, {"batch": 1, "q_heads": 2, "kv_heads": 2, "head_dim": 128, "prompt": 61, "answer": 20,
-                            "scale": 3.0}]
+                            "scale": 3.0, "page_size": 48}]
         return [
             small,
-            {"batch": 1, "q_heads": 8, "kv_heads": 1, "head_dim": 128, "prompt": 300, "answer": 41, "scale": 3.0},
-            {"batch": 3, "q_heads": 4, "kv_heads": 4, "head_dim": 128, "prompt": 1000, "answer": 70, "scale": 0.3},
+            {"batch": 1, "q_heads": 8, "kv_heads": 1, "head_dim": 128, "prompt": 300, "answer": 41, "scale": 3.0,
+             "page_size": 256},
+            {"batch": 3, "q_heads": 4, "kv_heads": 4, "head_dim": 128, "prompt": 1000, "answer": 70, "scale": 0.3,
+             "page_size": 48},
             {"batch": 2, "q_heads": 32, "kv_heads": 8, "head_dim": 128, "prompt": 2039, "answer": 37, "scale": 1.0},
             {"batch": 1, "q_heads": 8, "kv_heads": 2, "head_dim": 64, "prompt": 4090, "answer": 23, "scale": 2.0},
             # Whole 64-key blocks, but not whole 128-row tiles, and more than 8 waves of tiles on an H200: the
@@ -281,7 +294,8 @@ class AttentionFamily(Family):
         if interp.interpreting():  # a few seconds a case: one small case
             hq = rng.randint(1, 3)
             return [{"batch": 1, "q_heads": hq, "kv_heads": 1, "head_dim": 64, "prompt": odd(rng, 1, 9),
-                     "answer": odd(rng, 1, 3), "scale": draw_scale(rng, rng.choice(("tiny", "large")))}]
+                     "answer": odd(rng, 1, 3), "scale": draw_scale(rng, rng.choice(("tiny", "large"))),
+                     "page_size": rng.choice(PAGE_SIZES)}]
 
         def heads() -> dict[str, Any]:
             kv = rng.randint(1, 8)
@@ -289,7 +303,7 @@ class AttentionFamily(Family):
 
         return [
             {"batch": rng.randint(1, 3), **heads(), "prompt": odd(rng, 3, 1499), "answer": odd(rng, 1, 71),
-             "scale": draw_scale(rng, "tiny")},
+             "scale": draw_scale(rng, "tiny"), "page_size": rng.choice(PAGE_SIZES)},
             # A one-token prompt, its answer decoded token by token; large scores.
             {"batch": rng.randint(1, 3), **heads(), "prompt": 1, "answer": odd(rng, 1, 71),
              "scale": draw_scale(rng, "large")},
@@ -358,6 +372,9 @@ class AttentionFamily(Family):
                                                        .flatten(1).any(1)]})
                 out.append(checks.bitwise(f"decode == prefill row at {label} ({dt}) {tag}", a[sel], b_[sel],
                                           positions_mismatched=bad[:20]))
+
+        if case.get("page_size") and hasattr(impl, "decode_paged"):  # (files from before it existed: no check)
+            out += _paged_checks(impl, qd, kc, vc, ctx, sm_scale, dec, dec32, case["page_size"], seed, tag)
 
         # The last prefill row vs decode at full context, decoded alone with a cache of exactly that length; and a
         # sequence decoded alone vs inside the mixed batch (shortest, longest, a middle one).
@@ -491,6 +508,54 @@ def _packed_checks(impl: ModuleType, q, k, v, P: int, sm_scale: float, full, pre
             for f, p in zip(full, pre)]
     return [checks.bitwise(f"packed prefill == prefill per sequence (bf16) {tag}", got, want[0]),
             checks.bitwise(f"packed prefill == prefill per sequence (fp32) {tag}", got32, want[1])]
+
+
+def paged_cache(kc: torch.Tensor, vc: torch.Tensor, ctx: torch.Tensor, page: int, g: torch.Generator,
+                wider: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The contiguous caches kc/vc [n, HKV, cap, D] (item i valid up to ctx[i]) as pages [pages, page, HKV, D] dealt
+    in a shuffled order, and the block table (int32 [n, cdiv(cap, page) + wider], a column slice of a wider tensor as
+    an engine's may be). Rows past an item's context, the table entries past its last page, and a spare page are
+    NaN poison (a valid page index, so reading one shows as a non-finite output instead of a fault)."""
+    n, HKV, cap, D = kc.shape
+    lens = ctx.tolist()
+    need = [-(-c // page) for c in lens]
+    total = sum(need) + 2  # + the poison page and an unused one
+    perm = torch.randperm(total, generator=g).to(torch.int32)
+    width = -(-cap // page) + wider
+    table = torch.full((n, width + 3), int(perm[-1]), dtype=torch.int32)[:, :width]
+    at = 0
+    for i, k in enumerate(need):
+        table[i, :k] = perm[at:at + k]
+        at += k
+    table = table.to(kc.device)
+    kp = torch.full((total, page, HKV, D), float("nan"), dtype=kc.dtype, device=kc.device)
+    vp = torch.full_like(kp, float("nan"))
+    item, pos = (torch.arange(cap, device=kc.device)[None, :] < ctx[:, None].to(kc.device)).nonzero(as_tuple=True)
+    pages = table[item, pos // page].long()
+    kp[pages, pos % page] = kc[item, :, pos]
+    vp[pages, pos % page] = vc[item, :, pos]
+    return kp, vp, table
+
+
+def _paged_checks(impl: ModuleType, qd, kc, vc, ctx, sm_scale: float, dec, dec32, page: int, seed: int,
+                  tag: str) -> list[Check]:
+    """`decode_paged` over the mixed decode batch's caches dealt into shuffled pages must give every item `decode`'s
+    bits (bf16 and fp32): sequences of different lengths, contexts that are no multiple of the page, a block table
+    wider than the longest sequence needs (rows a slice of a wider tensor). Under the interpreter a spread of the
+    items (shortest to longest context), every item on a GPU."""
+    n = qd.shape[0]
+    sel = torch.arange(n)
+    if interp.interpreting() and n > INTERP_PAGED_ITEMS:
+        order = torch.argsort(ctx.cpu(), stable=True)
+        sel = order[torch.linspace(0, n - 1, INTERP_PAGED_ITEMS).round().long()]
+    sel = sel.to(qd.device)
+    kp, vp, table = paged_cache(kc[sel], vc[sel], ctx[sel], page, checks.generator(seed + 104729))
+    got, got32 = _outputs(tuple(dec[sel].shape), str(qd.device))
+    impl.decode_paged(qd[sel].contiguous(), kp, vp, table, ctx[sel].contiguous(), sm_scale, got, got32)
+    where = f"page{page} {len(sel)} items"
+    return [checks.finite(f"paged decode finite {where} {tag}", got32),
+            checks.bitwise(f"paged decode == decode (bf16) {where} {tag}", got, dec[sel]),
+            checks.bitwise(f"paged decode == decode (fp32) {where} {tag}", got32, dec32[sel])]
 
 
 def _outputs(shape: tuple[int, ...], device: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -94,27 +94,46 @@ NORMALIZE_RECIPROCAL = tl.constexpr(KNOBS["NORMALIZE"] == "reciprocal")
 
 
 @triton.jit
-def _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, start_n, key_limit,
-                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
+def _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, table, start_n, key_limit,
+                HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr,
+                PAGE: tl.constexpr):
     """K^T [HEAD_D, BLOCK_N] and V [BLOCK_N, HEAD_D] of one block, key rows `kv_row` elements apart (HEAD_D, or
-    heads * HEAD_D in a packed batch); keys at or past key_limit load as zeros.
+    heads * HEAD_D in a packed batch or a paged cache); keys at or past key_limit load as zeros.
 
+    PAGE > 0: a paged cache, key j in row j % PAGE of page table[j // PAGE] (rows of every page counted from page
+    0's). Only the addresses change: the tiles hold the same values, so the block's bits are the contiguous ones.
     TMA is only used for blocks every row sees in full (MASK=False): those rows are valid keys of this head, so
-    the flat [heads * seq, HEAD_D] descriptor never reads past the head and the tiles equal the pointer loads.
+    the flat [heads * seq, HEAD_D] descriptor never reads past the head and the tiles equal the pointer loads (a
+    paged cache: only where a page holds whole blocks, as the host decides).
     """
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    if PAGE == 0:
+        rows = offs_n
+        desc_row = desc_row0 + start_n
+    elif PAGE % BLOCK_N == 0:  # blocks start at multiples of BLOCK_N, so this one lies in one page
+        first = tl.load(table + start_n // PAGE).to(tl.int64) * PAGE + start_n % PAGE
+        rows = first + tl.arange(0, BLOCK_N)
+        desc_row = first.to(tl.int32)
+    else:  # the block spans pages: each key's own (the table past the context is not read)
+        tl.static_assert(not TMA, "TMA needs pages of whole blocks")
+        if MASK:
+            page = tl.load(table + offs_n // PAGE, mask=offs_n < key_limit, other=0)
+        else:
+            page = tl.load(table + offs_n // PAGE)
+        rows = page.to(tl.int64) * PAGE + offs_n % PAGE
+        desc_row = desc_row0  # (no TMA here)
     if TMA and not MASK:
-        k = k_desc.load([desc_row0 + start_n, 0]).T
-        v = v_desc.load([desc_row0 + start_n, 0])
+        k = k_desc.load([desc_row, 0]).T
+        v = v_desc.load([desc_row, 0])
     else:
-        offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, HEAD_D)
         if MASK:
             in_kv = offs_n < key_limit
-            k = tl.load(k_base + offs_n[None, :] * kv_row + offs_d[:, None], mask=in_kv[None, :], other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * kv_row + offs_d[None, :], mask=in_kv[:, None], other=0.0)
+            k = tl.load(k_base + rows[None, :] * kv_row + offs_d[:, None], mask=in_kv[None, :], other=0.0)
+            v = tl.load(v_base + rows[:, None] * kv_row + offs_d[None, :], mask=in_kv[:, None], other=0.0)
         else:
-            k = tl.load(k_base + offs_n[None, :] * kv_row + offs_d[:, None])
-            v = tl.load(v_base + offs_n[:, None] * kv_row + offs_d[None, :])
+            k = tl.load(k_base + rows[None, :] * kv_row + offs_d[:, None])
+            v = tl.load(v_base + rows[:, None] * kv_row + offs_d[None, :])
     return k, v
 
 
@@ -173,15 +192,16 @@ def _tree_rows(p, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _walk(acc, m_i, l_i, q, kv, lo, hi, key_limit, row_limit, qk_scale,
-          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr):
+          HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr, TMA: tl.constexpr, PAGE: tl.constexpr = 0):
     """Blocks starting at lo, lo + BLOCK_N, ... below hi, in ascending order (lo is a multiple of BLOCK_N).
 
-    `kv` is (k_base, v_base, k_desc, v_desc, desc_row0, kv_row): pointers to this head's keys and values, the
-    descriptors with this head's first row (the pointers again when TMA is off), and the key row stride."""
-    k_base, v_base, k_desc, v_desc, desc_row0, kv_row = kv
+    `kv` is (k_base, v_base, k_desc, v_desc, desc_row0, kv_row, table): pointers to this head's keys and values,
+    the descriptors with this head's first row (the pointers again when TMA is off), the key row stride, and with
+    PAGE > 0 the sequence's block-table row (unused otherwise)."""
+    k_base, v_base, k_desc, v_desc, desc_row0, kv_row, table = kv
     for start_n in range(lo, hi, BLOCK_N):
-        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, start_n, key_limit, HEAD_D, BLOCK_N,
-                           MASK, TMA)
+        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, table, start_n, key_limit, HEAD_D,
+                           BLOCK_N, MASK, TMA, PAGE)
         acc, m_i, l_i = _attn_block(acc, m_i, l_i, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
     return acc, m_i, l_i
 
@@ -197,14 +217,15 @@ def _fresh(BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr):
 
 @triton.jit
 def _chunk(q, kv, lo, hi, unmasked_hi, key_limit, row_limit, qk_scale,
-           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+           BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+           PAGE: tl.constexpr = 0):
     """Keys [lo, hi) from a fresh softmax state: whole blocks below unmasked_hi unmasked, the rest masked."""
     acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
     mid = tl.maximum(tl.minimum(hi, unmasked_hi), lo)
     acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, lo, mid, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, False,
-                          TMA)
+                          TMA, PAGE)
     acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, mid, hi, key_limit, row_limit, qk_scale, HEAD_D, BLOCK_N, True,
-                          TMA)
+                          TMA, PAGE)
     return acc, m_i, l_i
 
 
@@ -225,10 +246,10 @@ def _walk_folding(acc, m_i, l_i, c_acc, c_m, c_l, q, kv, lo, hi, key_limit, row_
                   BLOCK_M: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
                   MASK: tl.constexpr, TMA: tl.constexpr):
     """Like `_walk` for the chunk state (c_*), folding it into the running state at every chunk end."""
-    k_base, v_base, k_desc, v_desc, desc_row0, kv_row = kv
+    k_base, v_base, k_desc, v_desc, desc_row0, kv_row, table = kv
     for start_n in range(lo, hi, BLOCK_N):
-        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, start_n, key_limit, HEAD_D, BLOCK_N,
-                           MASK, TMA)
+        k, v = _load_block(k_base, v_base, k_desc, v_desc, desc_row0, kv_row, table, start_n, key_limit, HEAD_D,
+                           BLOCK_N, MASK, TMA, 0)
         c_acc, c_m, c_l = _attn_block(c_acc, c_m, c_l, q, k, v, start_n, row_limit, qk_scale, BLOCK_N, MASK)
         if (start_n + BLOCK_N) % SPLIT == 0:
             m_i, l_i, acc = _merge(m_i, l_i, acc, c_m, c_l, c_acc, qk_scale)
@@ -246,8 +267,8 @@ def _finish(acc, l_i):
 
 @triton.jit
 def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr):
-    """(k_base, v_base, k_desc, v_desc, desc_row0) for KV head `head` (flat index) of [TOTAL_ROWS / S, S, HEAD_D]
-    tensors; without TMA the descriptor slots hold the pointers again (unused)."""
+    """`_walk`'s kv for KV head `head` (flat index) of [TOTAL_ROWS / S, S, HEAD_D] tensors; without TMA the
+    descriptor slots hold the pointers again (unused), and the block-table slot K (unused)."""
     kv = head.to(tl.int64) * S * HEAD_D
     if TMA:
         k_desc = tl.make_tensor_descriptor(K, shape=[TOTAL_ROWS, HEAD_D], strides=[HEAD_D, 1],
@@ -257,7 +278,25 @@ def _kv_source(K, V, head, S, TOTAL_ROWS, HEAD_D: tl.constexpr, BLOCK_N: tl.cons
     else:
         k_desc = K + kv
         v_desc = V + kv
-    return K + kv, V + kv, k_desc, v_desc, head * S, HEAD_D
+    return K + kv, V + kv, k_desc, v_desc, head * S, HEAD_D, K
+
+
+@triton.jit
+def _kv_pages(K, V, table, hk, TOTAL_ROWS, KV_ROW: tl.constexpr, HEAD_D: tl.constexpr, BLOCK_N: tl.constexpr,
+              TMA: tl.constexpr):
+    """`_walk`'s kv for KV head hk of a paged cache [pages, PAGE, HKV, HEAD_D] (TOTAL_ROWS = pages * PAGE rows of
+    KV_ROW = HKV * HEAD_D elements): this head's column of page 0, and `table`, the sequence's block-table row. The
+    descriptors view that column of every page as [TOTAL_ROWS, HEAD_D] (TMA only where pages hold whole blocks)."""
+    col = hk.to(tl.int64) * HEAD_D
+    if TMA:
+        k_desc = tl.make_tensor_descriptor(K + col, shape=[TOTAL_ROWS, HEAD_D], strides=[KV_ROW, 1],
+                                           block_shape=[BLOCK_N, HEAD_D])
+        v_desc = tl.make_tensor_descriptor(V + col, shape=[TOTAL_ROWS, HEAD_D], strides=[KV_ROW, 1],
+                                           block_shape=[BLOCK_N, HEAD_D])
+    else:
+        k_desc = K + col
+        v_desc = V + col
+    return K + col, V + col, k_desc, v_desc, 0, KV_ROW, table
 
 
 @triton.jit
@@ -338,9 +377,9 @@ def _prefill_packed_kernel(Q, K, V, O, O32, CU, TOTAL_ROWS, qk_scale, HQ, HKV, G
                                                block_shape=[BLOCK_N, HEAD_D])
             v_desc = tl.make_tensor_descriptor(V + col, shape=[TOTAL_ROWS, HEAD_D], strides=[KV_ROW, 1],
                                                block_shape=[BLOCK_N, HEAD_D])
-            kv = (K + k0, V + k0, k_desc, v_desc, start, KV_ROW)
+            kv = (K + k0, V + k0, k_desc, v_desc, start, KV_ROW, K)
         else:
-            kv = (K + k0, V + k0, K + k0, V + k0, 0, KV_ROW)
+            kv = (K + k0, V + k0, K + k0, V + k0, 0, KV_ROW, K)
         _prefill_rows(Q + q0, O + q0, O32 + q0, Q_ROW, kv, S, qk_scale, pid_m,
                       HEAD_D, BLOCK_M, BLOCK_N, SPLIT, SPLIT_LOOP, TMA, WRITE32)
 
@@ -398,12 +437,16 @@ def _prefill_rows(Q, O, O32, q_row, kv, S, qk_scale, pid_m,
 
 @triton.jit
 def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, S_CAP, TOTAL_ROWS, N_CHUNKS, qk_scale, HQ,
-                   HKV, GROUP, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   HKV, GROUP, BT, BT_STRIDE, HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    SPLIT: tl.constexpr, PACK_GQA: tl.constexpr, CHUNKS_PER_PROGRAM: tl.constexpr,
                    CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr, PDL: tl.constexpr, FINISH_SINGLE: tl.constexpr,
                    FUSED_MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_LOADS: tl.constexpr,
-                   WRITE32: tl.constexpr):
-    """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile."""
+                   WRITE32: tl.constexpr, PAGE: tl.constexpr = 0, KV_ROW: tl.constexpr = 0):
+    """One program: one KV head's GQA group (PACK_GQA) or one query head, as rows of an M-row tile.
+
+    PAGE > 0 (`decode_paged`): K and V are pages [pages, PAGE, HKV, HEAD_D] (TOTAL_ROWS = pages * PAGE, KV_ROW =
+    HKV * HEAD_D) and sequence b's key j lives in page BT[b * BT_STRIDE + j // PAGE]; everything else is the
+    contiguous decode (S_CAP is then the block table's capacity in keys), so the bits are too."""
     if PDL:
         gdc_launch_dependents()  # the merge launch may start now; it waits for this grid before reading
     g = tl.program_id(0)
@@ -419,7 +462,10 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, S_CAP, TO
         hk = h0 // GROUP
         n_rows = 1
     n = tl.load(CTX + b)
-    kv = _kv_source(K, V, b * HKV + hk, S_CAP, TOTAL_ROWS, HEAD_D, BLOCK_N, TMA)
+    if PAGE == 0:
+        kv = _kv_source(K, V, b * HKV + hk, S_CAP, TOTAL_ROWS, HEAD_D, BLOCK_N, TMA)
+    else:
+        kv = _kv_pages(K, V, BT + b.to(tl.int64) * BT_STRIDE, hk, TOTAL_ROWS, KV_ROW, HEAD_D, BLOCK_N, TMA)
     rows = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_D)
     qrow = b * HQ + h0 + rows  # query heads of this program (q is [B, HQ, 1, D])
@@ -428,18 +474,18 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, S_CAP, TO
     row_limit = tl.zeros([BLOCK_M], dtype=tl.int32) + n
     n_full = (n // BLOCK_N) * BLOCK_N  # blocks below hold valid keys only; the cache past n may hold anything
     if SPLIT == 0:
-        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
+        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA, PAGE)
         _store_out(O, O32, qrow, offs_d, row_ok, _finish(acc, l_i), HEAD_D, WRITE32)
     elif FINISH_SINGLE:
         # The whole cache fits one chunk, so every sequence has exactly one: fold it into the empty state and
         # normalise here, the merge launch's own element-wise steps (no merge is launched).
-        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA)
+        acc, m_i, l_i = _chunk(q, kv, 0, n, n_full, n, row_limit, qk_scale, BLOCK_M, HEAD_D, BLOCK_N, TMA, PAGE)
         f_acc, f_m, f_l = _fresh(BLOCK_M, HEAD_D)
         f_m, f_l, f_acc = _merge(f_m, f_l, f_acc, m_i, l_i, acc, qk_scale)
         _store_out(O, O32, qrow, offs_d, row_ok, _finish(f_acc, f_l), HEAD_D, WRITE32)
     else:
         _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS,
-                            N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA)
+                            N_CHUNKS, HEAD_D, BLOCK_M, BLOCK_N, SPLIT, CHUNKS_PER_PROGRAM, CHUNK_LOOP, TMA, PAGE)
         if FUSED_MERGE:
             # The last of this row group's programs to arrive folds every partial, in ascending chunk order as the
             # merge launch does: the counter only picks who runs the fold, never its order. The barrier orders all
@@ -460,7 +506,8 @@ def _decode_kernel(Q, K, V, CTX, O, O32, M_WS, L_WS, ACC_WS, ARRIVALS, S_CAP, TO
 @triton.jit
 def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, row_ok, M_WS, L_WS, ACC_WS, N_CHUNKS,
                         HEAD_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr):
+                        CHUNKS_PER_PROGRAM: tl.constexpr, CHUNK_LOOP: tl.constexpr, TMA: tl.constexpr,
+                        PAGE: tl.constexpr):
     """Decode program g's chunks of one sequence, each written as a partial for the merge launch."""
     c_lo = g * CHUNKS_PER_PROGRAM
     c_hi = tl.minimum(c_lo + CHUNKS_PER_PROGRAM, tl.cdiv(n, SPLIT))
@@ -472,13 +519,13 @@ def _chunks_to_partials(q, kv, n, n_full, row_limit, qk_scale, g, qrow, offs_d, 
         for c in tl.range(c_lo, c_whole, flatten=True):
             acc, m_i, l_i = _fresh(BLOCK_M, HEAD_D)
             acc, m_i, l_i = _walk(acc, m_i, l_i, q, kv, c * SPLIT, c * SPLIT + SPLIT, n, row_limit, qk_scale,
-                                  HEAD_D, BLOCK_N, False, TMA)
+                                  HEAD_D, BLOCK_N, False, TMA, PAGE)
             _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
         c_lo = c_whole
     for c in range(c_lo, c_hi):
         lo = c * SPLIT
         acc, m_i, l_i = _chunk(q, kv, lo, tl.minimum(lo + SPLIT, n), n_full, n, row_limit, qk_scale,
-                               BLOCK_M, HEAD_D, BLOCK_N, TMA)
+                               BLOCK_M, HEAD_D, BLOCK_N, TMA, PAGE)
         _store_partial(M_WS, L_WS, ACC_WS, ws_row + c, offs_d, row_ok, m_i, l_i, acc, HEAD_D)
 
 
@@ -1723,8 +1770,68 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
            sm_scale: float, out: torch.Tensor, out32: torch.Tensor | None = None) -> None:
     """One new token per sequence: q [B, HQ, 1, D] attends keys [0, context_lens[b]) of k/v_cache
     [B, HKV, S_cap, D] (the token's own key included); context_lens is int32 [B], 1 <= len <= S_cap."""
+    _decode(q, k_cache, v_cache, context_lens, sm_scale, out, out32, k_cache.shape[1], k_cache.shape[2])
+
+
+def decode_paged(q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, block_table: torch.Tensor,
+                 context_lens: torch.Tensor, sm_scale: float, out: torch.Tensor,
+                 out32: torch.Tensor | None = None) -> None:
+    """`decode` from a paged KV cache, with `decode`'s bits on the same logical cache: q [B, HQ, 1, D];
+    k/v_pages [num_pages, page_size, HKV, D] (vLLM's and flash-attn's paged layout; any page_size >= 1), key j of
+    sequence b in row j % page_size of page block_table[b, j // page_size]; block_table int32 [B, max_pages] (its
+    rows may be a slice of a wider table); context_lens int32 [B], 1 <= len <= max_pages * page_size. Table entries
+    past a sequence's last page are never read. The launch is sized from max_pages * page_size, never from the
+    lengths (CUDA-graph capturable). The same chunks, blocks and merges as `decode`: only the addresses differ.
+    With DECODE_IMPL "gluon_ws" the Triton decode runs (the Gluon one reads contiguous caches only; both give the
+    same bits)."""
+    _check_paged(q, k_pages, v_pages, block_table, context_lens, out, out32)
+    page = k_pages.shape[1]
+    _decode(q, k_pages, v_pages, context_lens, sm_scale, out, out32, k_pages.shape[2], block_table.shape[1] * page,
+            block_table, page)
+
+
+def _check_paged(q, k_pages, v_pages, block_table, context_lens, out, out32) -> None:
+    """Refuse, naming the argument, what `decode_paged` does not read as documented (shapes, dtypes and strides
+    only: nothing on the device is read)."""
+    problems = []
+    if q.dim() != 4 or q.shape[2] != 1 or not q.is_contiguous():
+        problems.append(f"q {tuple(q.shape)}: expected a contiguous [B, HQ, 1, D]")
+    if k_pages.dim() != 4 or not k_pages.is_contiguous():
+        problems.append(f"k_pages {tuple(k_pages.shape)}: expected a contiguous [num_pages, page_size, HKV, D]")
+    elif v_pages.shape != k_pages.shape or not v_pages.is_contiguous() or v_pages.dtype != k_pages.dtype:
+        problems.append(f"v_pages {tuple(v_pages.shape)} {v_pages.dtype}: expected contiguous and like k_pages "
+                        f"{tuple(k_pages.shape)} {k_pages.dtype}")
+    if problems:
+        raise ValueError("decode_paged: " + "; ".join(problems))
     B, HQ, _, D = q.shape
-    HKV, s_cap = k_cache.shape[1], k_cache.shape[2]
+    _, page, HKV, Dk = k_pages.shape
+    if k_pages.dtype != q.dtype:
+        problems.append(f"k_pages dtype {k_pages.dtype}: expected q's, {q.dtype}")
+    if Dk != D or D < 16 or D & (D - 1):
+        problems.append(f"head dim {Dk} (q: {D}): expected q's, a power of two >= 16")
+    if HKV < 1 or HQ % HKV:
+        problems.append(f"{HKV} KV heads: expected a divisor of q's {HQ} heads")
+    if page < 1:
+        problems.append(f"page_size {page}: expected >= 1")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != B \
+            or block_table.shape[1] < 1 or block_table.stride(1) != 1:
+        problems.append(f"block_table {block_table.dtype} {tuple(block_table.shape)} strides {block_table.stride()}: "
+                        f"expected int32 [{B}, max_pages >= 1] with unit column stride")
+    if context_lens.dtype != torch.int32 or tuple(context_lens.shape) != (B,) or not context_lens.is_contiguous():
+        problems.append(f"context_lens {context_lens.dtype} {tuple(context_lens.shape)}: expected contiguous int32 "
+                        f"[{B}]")
+    for name, o, dt in (("out", out, q.dtype), ("out32", out32, torch.float32)):
+        if o is not None and (o.shape != q.shape or o.dtype != dt or not o.is_contiguous()):
+            problems.append(f"{name} {o.dtype} {tuple(o.shape)}: expected contiguous {dt} {tuple(q.shape)}")
+    if problems:
+        raise ValueError("decode_paged: " + "; ".join(problems))
+
+
+def _decode(q, k_cache, v_cache, context_lens, sm_scale, out, out32, HKV, s_cap, table=None, page=0) -> None:
+    """decode (page 0: k/v_cache [B, HKV, s_cap, D]) and decode_paged (pages of `page` keys, `table` the block
+    table, s_cap its capacity in keys): one launch plan for both, so a paged call splits, packs and merges as the
+    contiguous one would."""
+    B, HQ, _, D = q.shape
     group = HQ // HKV
     split = KNOBS["SPLIT_TOKENS"]
     pack = KNOBS["DECODE_PACK_GQA"]
@@ -1734,7 +1841,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
     # A cache of at most one chunk: one launch (a shape choice; the bits are the merge's either way).
     finish_single = bool(split) and KNOBS["DECODE_FINISH_SINGLE"] and s_cap <= split
     merge = bool(split) and not finish_single
-    gluon = KNOBS["DECODE_IMPL"] == "gluon_ws" and _dec_covers(q, k_cache, v_cache)
+    gluon = KNOBS["DECODE_IMPL"] == "gluon_ws" and not page and _dec_covers(q, k_cache, v_cache)
     # (Which program computes a chunk does not change its bits: each chunk starts fresh and is written as its own
     # partial.)
     programs = B * (HKV if pack else HQ)  # per chunk
@@ -1769,7 +1876,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
                     qk_scale, cpp, finish=not merge, fused=fused, write32=out32 is not None)
     else:
         _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, grid, n_chunks,
-                       qk_scale, cpp, pdl, fused, finish_single, write32=out32 is not None)
+                       qk_scale, cpp, pdl, fused, finish_single, out32 is not None, HKV, s_cap, table, page)
     if merge and not fused:
         _fast(_decode_merge_kernel)[(B * HKV,)](
             context_lens, out, o32, m_ws, l_ws, acc_ws, n_chunks, qk_scale, HQ, HKV, group,
@@ -1780,10 +1887,17 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, contex
 
 
 def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, grid, n_chunks,
-                   qk_scale, cpp, pdl, fused, finish_single, write32):
+                   qk_scale, cpp, pdl, fused, finish_single, write32, HKV, s_cap, table, page):
     B, HQ, _, D = q.shape
-    HKV, s_cap = k_cache.shape[1], k_cache.shape[2]
     group = HQ // HKV
+    bn = KNOBS["BLOCK_N"]
+    # TMA reads a block as one box, so a paged cache takes it only where a page holds whole blocks.
+    tma = (not page or page % bn == 0) and _use_tma("DECODE_KV_LOADS", k_cache, v_cache)
+    # A paged block's loads wait on its block-table load, and Triton's pipeliner splits a loop's stages between
+    # the two levels; 2S - 1 stages keep S K/V blocks in flight, as S do for a contiguous cache (offline sm_90a:
+    # the same shared memory). Pipelining moves loads, not arithmetic.
+    stages = KNOBS["DECODE_NUM_STAGES"]
+    stages = 2 * stages - 1 if page else stages
     pack = KNOBS["DECODE_PACK_GQA"]
     layout_free = KNOBS["ROW_SUM"] != "reduce"  # a reduced row sum must keep prefill's wgmma layout family
     block_m = KNOBS["DECODE_BLOCK_M"] if layout_free else max(KNOBS["DECODE_BLOCK_M"], 64)
@@ -1791,12 +1905,14 @@ def _triton_decode(q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_
     # rows of the merge's tile: the row group (a KV head's query heads, or one query head) padded
     merge_rows = max(KNOBS["DECODE_MERGE_ROWS"], _pow2(group if pack else 1))
     _fast(_decode_kernel)[grid](
-        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, s_cap, B * HKV * s_cap, n_chunks,
-        qk_scale, HQ, HKV, group, HEAD_D=D, BLOCK_M=block_m, BLOCK_N=KNOBS["BLOCK_N"], SPLIT=KNOBS["SPLIT_TOKENS"],
+        q, k_cache, v_cache, context_lens, out, o32, m_ws, l_ws, acc_ws, arrivals, s_cap,
+        k_cache.shape[0] * page if page else B * HKV * s_cap, n_chunks, qk_scale, HQ, HKV, group,
+        table if page else context_lens, table.stride(0) if page else 0,
+        HEAD_D=D, BLOCK_M=block_m, BLOCK_N=bn, SPLIT=KNOBS["SPLIT_TOKENS"],
         PACK_GQA=pack, CHUNKS_PER_PROGRAM=cpp, CHUNK_LOOP=KNOBS["DECODE_CHUNK_LOOP"],
-        TMA=_use_tma("DECODE_KV_LOADS", k_cache, v_cache), PDL=pdl, FINISH_SINGLE=finish_single, FUSED_MERGE=fused,
-        MERGE_ROWS=merge_rows, MERGE_LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=write32,
-        num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=KNOBS["DECODE_NUM_STAGES"],
+        TMA=tma, PDL=pdl, FINISH_SINGLE=finish_single, FUSED_MERGE=fused,
+        MERGE_ROWS=merge_rows, MERGE_LOADS=KNOBS["DECODE_MERGE_LOADS"], WRITE32=write32, PAGE=page,
+        KV_ROW=HKV * D if page else 0, num_warps=KNOBS["DECODE_NUM_WARPS"], num_stages=stages,
     )
 
 

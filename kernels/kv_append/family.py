@@ -36,13 +36,50 @@ def reference_cache(cache: torch.Tensor, rows: torch.Tensor, table: torch.Tensor
     return out
 
 
+def slots_of(table: torch.Tensor, seq: list[int], pos: list[int], page_size: int) -> torch.Tensor:
+    """vLLM's slot mapping of tokens (seq[i], pos[i]): flat cache row table[seq, pos // page] * page + pos % page."""
+    s, p = (torch.tensor(x, dtype=torch.long, device=table.device) for x in (seq, pos))
+    return table[s, p // page_size].long() * page_size + p % page_size
+
+
+def _slots_checks(impl: ModuleType, ks, vs, prompts, answers, table, page_size: int, init, full, g,
+                  tag: str) -> list[Check]:
+    """D: the rollout's tokens through `kv_append_slots` == the full pass: the prompts in one call (int64 slots), then
+    every answer token in another (int32 slots; an engine's step mixes sequences and positions alike, and the slot
+    path has no other order). Each call's rows are views of one fused projection row (K, V and padding side by
+    side), and a padding token (slot -1) with huge values sits among them: never written."""
+    B, (hk, d) = len(prompts), ks[0].shape[1:]
+    W = hk * d
+    sk, sv = init[0].clone(), init[1].clone()
+
+    def call(rows: list[tuple[int, int]], dtype: torch.dtype) -> None:
+        k = torch.stack([ks[b][t] for b, t in rows]) if rows else ks[0][:0]
+        v = torch.stack([vs[b][t] for b, t in rows]) if rows else vs[0][:0]
+        slots = slots_of(table, [b for b, _ in rows], [t for _, t in rows], page_size)
+        pad_at = int(torch.randint(0, len(rows) + 1, (1,), generator=g))
+        k = torch.cat([k[:pad_at], torch.full_like(ks[0][:1], 1e4), k[pad_at:]])
+        v = torch.cat([v[:pad_at], torch.full_like(vs[0][:1], -1e4), v[pad_at:]])
+        slots = torch.cat([slots[:pad_at], torch.tensor([-1], device=slots.device), slots[pad_at:]]).to(dtype)
+        fused = torch.cat([k.reshape(-1, W), v.reshape(-1, W), torch.zeros_like(k.reshape(-1, W)[:, :3])], 1)
+        impl.kv_append_slots(fused[:, :W].view(-1, hk, d), fused[:, W:2 * W].view(-1, hk, d), sk, sv,
+                             slots.contiguous())
+
+    call([(b, t) for b in range(B) for t in range(prompts[b])], torch.int64)
+    call([(b, prompts[b] + s) for s in range(max(answers)) for b in range(B) if answers[b] > s], torch.int32)
+    return [checks.bitwise(f"slot-mapped rollout K cache == full pass {tag}", sk, full[0]),
+            checks.bitwise(f"slot-mapped rollout V cache == full pass {tag}", sv, full[1])]
+
+
 class KVAppendFamily(Family):
     name = "kv_append"
-    entry_points = ("kv_append_full", "kv_append_decode")
+    entry_points = ("kv_append_full", "kv_append_decode", "kv_append_slots")
     signatures = (
         EntryPoint("kv_append_full", ("k", "v", "k_cache", "v_cache", "block_table", "cu_seqlens", "start_pos",
                                       "max_seqlen"), writes=("k_cache", "v_cache"), updates=("k_cache", "v_cache")),
         EntryPoint("kv_append_decode", ("k", "v", "k_cache", "v_cache", "block_table", "positions"),
+                   writes=("k_cache", "v_cache"), updates=("k_cache", "v_cache")),
+        # vLLM's form: a flat cache row per token (negative: padding, not written)
+        EntryPoint("kv_append_slots", ("k", "v", "k_cache", "v_cache", "slot_mapping"),
                    writes=("k_cache", "v_cache"), updates=("k_cache", "v_cache")),
     )
     phases = ("full", "decode")
@@ -153,6 +190,8 @@ class KVAppendFamily(Family):
         impl.kv_append_full(k, v, ck, cv, table, cu, st, max(rest))
         out += [checks.bitwise(f"chunked prefill K cache == full pass {tag}", ck, fk),
                 checks.bitwise(f"chunked prefill V cache == full pass {tag}", cv, fv)]
+        if hasattr(impl, "kv_append_slots"):  # (files from before it existed: no check)
+            out += _slots_checks(impl, ks, vs, prompts, answers, table, page_size, (init_k, init_v), (fk, fv), g, tag)
         return out
 
     def make_bench(self, impl: ModuleType, workload: dict[str, Any], seed: int, device: str) -> Bench:

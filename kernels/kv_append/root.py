@@ -5,7 +5,9 @@ is the special case of one page per sequence, page_size = max length). A token a
 of sequence b goes to page block_table[b, p // page_size], row p % page_size. Both entry points call one
 @triton.jit row copy, so the cache bytes are identical whichever path wrote a token; the copy is exact
 (cache dtype = activation dtype). The full path writes a packed prompt (sequence b's tokens
-cu_seqlens[b]:cu_seqlens[b+1] at positions start_pos[b]...); decode writes one token per sequence.
+cu_seqlens[b]:cu_seqlens[b+1] at positions start_pos[b]...); decode writes one token per sequence. A third entry
+point, `kv_append_slots`, takes vLLM's slot mapping instead of the block table: token i goes to flat cache row
+slot_mapping[i] (= page * page_size + row in the page; negative: a padding token, not written).
 """
 
 import torch
@@ -35,15 +37,20 @@ def _append_tile(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, src_rows, seqs, pos, vali
                  BLOCK_W: tl.constexpr):
     # A tile of tokens: each token's K and V (kv_heads * head_dim contiguous values) into its cache slot.
     page = tl.load(bt_ptr + seqs * bt_stride + pos // page_size, mask=valid, other=0).to(tl.int64)
-    slot = page * page_size + pos % page_size
+    _copy_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, src_rows * W, page * page_size + pos % page_size, valid, W, BLOCK_W)
+
+
+@triton.jit
+def _copy_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, src, slot, valid, W, BLOCK_W: tl.constexpr):
+    # Tokens' K and V (W contiguous values each, from offsets src) into cache rows slot: every path's copy.
     cols = tl.arange(0, BLOCK_W)
     for off in range(0, W, BLOCK_W):
         c = off + cols
         m = valid[:, None] & (c < W)[None, :]
-        src = src_rows[:, None] * W + c[None, :]
+        s_off = src[:, None] + c[None, :]
         dst = slot[:, None] * W + c[None, :]
-        tl.store(kc_ptr + dst, tl.load(k_ptr + src, mask=m), mask=m)
-        tl.store(vc_ptr + dst, tl.load(v_ptr + src, mask=m), mask=m)
+        tl.store(kc_ptr + dst, tl.load(k_ptr + s_off, mask=m), mask=m)
+        tl.store(vc_ptr + dst, tl.load(v_ptr + s_off, mask=m), mask=m)
 
 
 @triton.jit
@@ -65,6 +72,16 @@ def _append_decode_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, pos_ptr, n_seqs,
     valid = seqs < n_seqs
     pos = tl.load(pos_ptr + seqs, mask=valid, other=0).to(tl.int64)
     _append_tile(k_ptr, v_ptr, kc_ptr, vc_ptr, bt_ptr, seqs, seqs, pos, valid, bt_stride, page_size, W, BLOCK_W)
+
+
+@triton.jit
+def _append_slots_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, n_tokens, row_stride, W,
+                         TOKENS_PER_PROGRAM: tl.constexpr, BLOCK_W: tl.constexpr):
+    # Token rows row_stride apart (K and V may be views of a fused QKV output), each to its flat cache row.
+    t = tl.program_id(0) * TOKENS_PER_PROGRAM + tl.arange(0, TOKENS_PER_PROGRAM).to(tl.int64)
+    in_range = t < n_tokens
+    slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
+    _copy_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, t * row_stride, slot, in_range & (slot >= 0), W, BLOCK_W)
 
 
 def _block_w(width: int) -> int:
@@ -96,3 +113,37 @@ def kv_append_decode(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_
     fast(_append_decode_kernel)[(cdiv(n_seqs, tpp),)](
         k, v, k_cache, v_cache, block_table, positions, n_seqs, block_table.stride(0), page_size, W,
         TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W), num_warps=KNOBS["DECODE_NUM_WARPS"])
+
+
+def kv_append_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+    """vLLM's slot mapping: token i of k, v [tokens, kv_heads, head_dim] to flat row slot_mapping[i] of the caches
+    (row p % page_size of page p // page_size is flat row page * page_size + p % page_size); a negative slot is a
+    padding token and writes nothing. slot_mapping is int32 or int64 [tokens]. k and v may be row views of a fused
+    projection (rows any equal stride apart; each row's kv_heads * head_dim values contiguous). The same copy as the
+    other paths, so the same cache bytes. An engine passes every token of a step in one call (prompt chunks and
+    decode tokens alike): scheduled as the full path's packed tokens, by the FULL_* knobs."""
+    T = k.shape[0]
+    hk, d = k_cache.shape[2:]
+    W = hk * d
+    problems = []
+    if k.dim() != 3 or k.shape[1:] != (hk, d) or v.shape != k.shape or k.stride()[1:] != (d, 1) \
+            or v.stride() != k.stride() or k.dtype != k_cache.dtype or v.dtype != k_cache.dtype:
+        problems.append(f"k {k.dtype} {tuple(k.shape)} strides {k.stride()}, v {v.dtype} {tuple(v.shape)} strides "
+                        f"{v.stride()}: expected [tokens, {hk}, {d}] {k_cache.dtype} rows of contiguous values, the "
+                        "same row stride for both")
+    if v_cache.shape != k_cache.shape or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        problems.append(f"k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}: expected two contiguous "
+                        "[num_pages, page_size, kv_heads, head_dim] of one shape")
+    if slot_mapping.dtype not in (torch.int32, torch.int64) or tuple(slot_mapping.shape) != (T,) \
+            or not slot_mapping.is_contiguous():
+        problems.append(f"slot_mapping {slot_mapping.dtype} {tuple(slot_mapping.shape)}: expected contiguous int32 "
+                        f"or int64 [{T}]")
+    if problems:
+        raise ValueError("kv_append_slots: " + "; ".join(problems))
+    if T == 0:
+        return
+    tpp = KNOBS["FULL_TOKENS_PER_PROGRAM"]
+    fast(_append_slots_kernel)[(cdiv(T, tpp),)](
+        k, v, k_cache, v_cache, slot_mapping, T, k.stride(0), W, TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W),
+        num_warps=KNOBS["FULL_NUM_WARPS"])

@@ -37,3 +37,30 @@ def test_bench_runs_and_verifies():
         b = FAM.make_bench(R.load_with_knobs(FAM), w, 0, "cpu")
         b.run()
         assert all(c.passed for c in b.verify())
+
+
+def test_slot_mapped_mismatch_is_caught():
+    # The slot-mapped path swapping K and V: the family's slot-mapped rollout no longer writes the full pass's
+    # bytes (the other paths still do).
+    src = FAM.root_source()
+    old = "_copy_rows(k_ptr, v_ptr, kc_ptr, vc_ptr, t * row_stride,"
+    assert src.count(old) == 1
+    bad = R.failures(FAM, R.load_source(src.replace(old, old.replace("k_ptr, v_ptr", "v_ptr, k_ptr")), "kv_slots"),
+                     level="small")
+    assert bad and all(kind == "consistency" and name.startswith("slot-mapped rollout") for name, kind, _ in bad)
+
+
+def test_slot_mapped_append_refuses_what_it_cannot_read():
+    import torch
+
+    mod = R.load_with_knobs(FAM)
+    cache = torch.zeros((4, 16, 2, 64), dtype=torch.bfloat16)
+    k = torch.zeros((3, 2, 64), dtype=torch.bfloat16)
+    for args, words in (((k, k, cache, cache, torch.zeros(3, dtype=torch.float32)), "slot_mapping torch.float32"),
+                        ((k, k, cache, cache, torch.zeros(2, dtype=torch.int64)), "int32 or int64 [3]"),
+                        ((k.transpose(1, 2).contiguous().transpose(1, 2), k, cache, cache,
+                          torch.zeros(3, dtype=torch.int64)), "rows of contiguous values"),
+                        ((k, k, cache, cache[:, :8], torch.zeros(3, dtype=torch.int64)), "v_cache (4, 8, 2, 64)")):
+        with pytest.raises(ValueError, match="kv_append_slots: ") as e:
+            mod.kv_append_slots(*args)
+        assert words in str(e.value), str(e.value)
