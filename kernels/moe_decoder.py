@@ -283,6 +283,22 @@ class MoEDecoder:
         finally:
             self.ops = None
 
+    def paged_decode(self, q: torch.Tensor, cache: list[torch.Tensor], rows: torch.Tensor, ctx: torch.Tensor
+                     ) -> torch.Tensor:
+        """One decode step's attention over pages [pages, page_size, HKV, D] through the block table ``rows``
+        (int32 [n, pages]); ``ctx`` the context lengths. A kernel file without ``decode_paged`` (written before
+        it existed) gets the live sequences' pages gathered into the contiguous [n, HKV, capacity, D] its
+        ``decode`` reads: the same bits, at the cost of a copy per layer and step."""
+        s, n, att = self.s, rows.shape[0], self.k["attention"]
+        o = self._empty(n, s.q_heads, 1, s.head_dim)
+        q = q.reshape(n, s.q_heads, 1, s.head_dim).contiguous()
+        if hasattr(att, "decode_paged"):
+            att.decode_paged(q, cache[0], cache[1], rows, ctx, 1 / math.sqrt(s.head_dim), o)
+        else:
+            kc, vc = (c[rows].reshape(n, -1, s.kv_heads, s.head_dim).transpose(1, 2).contiguous() for c in cache)
+            att.decode(q, kc, vc, ctx, 1 / math.sqrt(s.head_dim), o)
+        return o.reshape(n, -1)
+
     def rollout_logprobs(self, seqs: list[torch.Tensor], prompt_lens: list[int]) -> list[torch.Tensor]:
         """Prefill the packed prompts, then decode every unfinished sequence together, one token per step, from a
         paged KV cache (pages dealt out of order), recording each answer token's log-prob as an inference
@@ -314,15 +330,8 @@ class MoEDecoder:
             rows = table[live].contiguous()
 
             def decode(layer, q, k, v, pos=pos, rows=rows):
-                n = rows.shape[0]
                 self._op("kv_append", "decode", k, v, *cache[layer], rows, pos)
-                # The attention kernel reads [batch, kv_heads, capacity, head_dim]: the sequences' pages in order.
-                kc, vc = (c[rows].reshape(n, -1, s.kv_heads, s.head_dim).transpose(1, 2).contiguous()
-                          for c in cache[layer])
-                o = self._empty(n, s.q_heads, 1, s.head_dim)
-                self.k["attention"].decode(q.reshape(n, s.q_heads, 1, s.head_dim).contiguous(), kc, vc, pos + 1,
-                                           1 / math.sqrt(s.head_dim), o)
-                return o.reshape(n, -1)
+                return self.paged_decode(q, cache[layer], rows, pos + 1)
 
             ids = torch.stack([seqs[b][prompt_lens[b] + step] for b in live])
             targets = torch.stack([seqs[b][prompt_lens[b] + step + 1] for b in live])
@@ -335,12 +344,12 @@ class MoEDecoder:
 @contextlib.contextmanager
 def hooked(m: MoEDecoder, wrap):
     """Within the block, every family call of the model runs as wrap(family, path, call, *args), attention's
-    prefill (and packed prefill, where the file has one) with path "full" and its decode with "decode"; the model
-    is given back unwrapped. (policy_logprobs' calls go through its differentiable `ops` instead.)"""
+    prefill (and packed prefill, where the file has one) with path "full" and its decode (paged or not) with
+    "decode"; the model is given back unwrapped. (policy_logprobs' calls go through its differentiable `ops` instead.)"""
     op, attn = m._op, m.k["attention"]
     m._op = lambda family, path, *a, **kw: wrap(family, path, lambda *b: op(family, path, *b, **kw), *a)
-    entries = {n: path for n, path in (("prefill", "full"), ("prefill_packed", "full"), ("decode", "decode"))
-               if hasattr(attn, n)}
+    entries = {n: path for n, path in (("prefill", "full"), ("prefill_packed", "full"), ("decode", "decode"),
+                                       ("decode_paged", "decode")) if hasattr(attn, n)}
     m.k = {**m.k, "attention": SimpleNamespace(**{
         n: (lambda *a, n=n, path=path: wrap("attention", path, getattr(attn, n), *a)) for n, path in entries.items()})}
     try:

@@ -70,8 +70,7 @@ def sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, l
 
 class PagedCache:
     """The unified kernels' rollout cache (as `MoEDecoder.rollout_logprobs` keeps it): pages of `page_size` rows
-    per layer, written by kv_append, read by the attention family's decode after a gather of the live sequences'
-    pages into [live, HKV, capacity, D]."""
+    per layer, written by kv_append, read in place by the attention family's paged decode."""
 
     def __init__(self, m, prompt_lens: list[int], max_new: int):
         s, dev = m.s, m.device
@@ -90,15 +89,9 @@ class PagedCache:
         return self.m._prefill(q, k, v, self.bounds)
 
     def decode(self, layer: int, q, k, v, live: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        s, n = self.m.s, q.shape[0]
         rows = self.table[live]
         self.m._op("kv_append", "decode", k, v, *self.cache[layer], rows, pos)
-        kc, vc = (c[rows].reshape(n, -1, s.kv_heads, s.head_dim).transpose(1, 2).contiguous()
-                  for c in self.cache[layer])
-        o = torch.empty((n, s.q_heads, 1, s.head_dim), device=q.device, dtype=torch.bfloat16)
-        self.m.k["attention"].decode(q.reshape(n, s.q_heads, 1, s.head_dim).contiguous(), kc, vc, pos + 1,
-                                     1 / math.sqrt(s.head_dim), o)
-        return o.reshape(n, -1)
+        return self.m.paged_decode(q, self.cache[layer], rows, pos + 1)
 
 
 class TorchCache:
