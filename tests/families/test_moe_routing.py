@@ -29,7 +29,6 @@ def test_root_passes_all_cases():
     {"BLOCK_T": 32, "NUM_WARPS": 1, "FULL_NUM_STAGES": 2},  # one thread per row
     {"SELECT": "packed_prob", "BLOCK_T": 16, "NUM_WARPS": 4},
     {"SELECT": "rounds", "BLOCK_T": 8, "NUM_WARPS": 2},
-    {"RENORM_FROM": "logits"},  # no row sum: renormalised exp(x - m) of the chosen experts
     # the next tile loaded before this one is routed; tile counts that do not divide by tiles per program
     {"FULL_TILES_PER_PROGRAM": 3, "FULL_PREFETCH": True, "DECODE_TILES_PER_PROGRAM": 2, "DECODE_PREFETCH": True},
     {"BLOCK_T": 8, "FULL_STAGE_KEYS": "auto"},  # keys staged (round trip through the ids) in the full path only
@@ -94,10 +93,12 @@ def test_top_k_network_gives_the_roots_bits():
     # bit, on tie-heavy rows (signed zeros, -inf, equal runs), with and without renormalisation (the contract
     # tile's row sum then), in both paths and at the tiles a campaign would try with it.
     for experts, top_k, renorm in ((128, 8, True), (60, 6, False)):
-        x = _tie_logits(33, experts, seed=1)  # 33 rows: partial tiles at 32 and 16 (the reduce is per element)
+        x = _tie_logits(33, experts, seed=1)  # 33 rows: partial tiles at 8 and 32 (the reduce is per element)
         root = load()
         want = {decode: _route(root, x, top_k, renorm, decode) for decode in (False, True)}  # once, not per tile
-        for tile in ({}, {"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1}, {"FULL_BLOCK_T": 16, "FULL_NUM_WARPS": 2}):
+        # Under the interpreter a tile is its row count alone (warps lay out threads): the root's 8 and a row per
+        # thread's 32 (the tile a campaign would try with the network), each with a partial last tile.
+        for tile in ({}, {"FULL_BLOCK_T": 32, "FULL_NUM_WARPS": 1}):
             net = load("topk_net" + "_".join(map(str, tile.values())), FULL_TOPK_NET=True, DECODE_TOPK_NET=True,
                        **tile)
             for decode in (False, True) if not tile else (False,):  # the tiles are FULL_ ones: decode checked once

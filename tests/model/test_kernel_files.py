@@ -25,36 +25,31 @@ def variant(family: str, **knobs) -> str:
     return write_knobs(src, {**read_knobs(src), **knobs})
 
 
-def test_a_kernel_file_and_a_runs_best_replace_roots_in_the_model_and_keep_it_bit_exact(tmp_path):
-    # silu_mul with another SiLU form (a contract knob: other bits than the root's, the same in every path) from a
-    # file, and rmsnorm with a path knob from a run's best: the policy forward still equals training and rollout.
+def test_kernel_files_and_a_runs_best_replace_roots_in_the_model_and_keep_it_bit_exact(tmp_path):
+    # One policy benchmark run (each one takes minutes under the interpreter) with three replacements, each
+    # reported and each in every call of its family, the policy forward still equal to training and rollout:
+    # - silu_mul with another SiLU form (a contract knob: other bits than the root's, the same in every path) from
+    #   a file;
+    # - rmsnorm with a path knob from a run's best;
+    # - rope with COS_SIN "sincos" (a campaign's best) from a file: it needs the table's inverse frequencies, which
+    #   the model passes to every RoPE call (rollout, training and the policy's forward and backward).
+    # One --matmul-backward mode: the modes differ only in the linear layers' gradients, no file's family here.
     (tmp_path / "silu.py").write_text(variant("silu_mul", SILU_FORM="exp2"))
+    (tmp_path / "rope.py").write_text(variant("rope", COS_SIN="sincos"))
     with Store.create(tmp_path / "run") as store, store.transaction() as t:
         t.state["family"] = "rmsnorm"
         t.put(Implementation("I4", t.put_source(variant("rmsnorm", FULL_ROWS_PER_PROGRAM=2)), [], "root", "best"))
         t.state["best"] = "I4"
     out = tmp_path / "policy.json"
-    rc = bench("policy", ["--smoke", "--configs", "dense", "--no-step", "--kernel", f"silu_mul={tmp_path / 'silu.py'}",
+    rc = bench("policy", ["--smoke", "--configs", "dense", "--no-step", "--matmul-backward", "vendor",
+                          "--kernel", f"silu_mul={tmp_path / 'silu.py'}", "--kernel", f"rope={tmp_path / 'rope.py'}",
                           "--best", str(tmp_path / "run"), "--out", str(out)])
     assert rc == 0
     result = json.loads(out.read_text())
     assert result["kernels"]["silu_mul"]["knobs"]["SILU_FORM"] == "exp2"
+    assert result["kernels"]["rope"]["knobs"]["COS_SIN"] == "sincos"
     assert result["kernels"]["rmsnorm"] == {"from": f"--best {tmp_path / 'run'}",
                                             "knobs": read_knobs(variant("rmsnorm", FULL_ROWS_PER_PROGRAM=2))}
-    c = result["configs"]["dense"]["checks"]
-    assert c["answer_tokens"] > 0
-    assert c["policy_vs_training_mismatches"] == c["policy_vs_rollout_mismatches"] == 0
-
-
-def test_a_rope_file_computing_cos_sin_itself_gets_the_frequencies_in_the_model(tmp_path):
-    # COS_SIN "sincos" (a campaign's best) needs the table's inverse frequencies: the model passes them to every
-    # RoPE call (rollout, training and the policy's forward and backward), and the bits still agree.
-    (tmp_path / "rope.py").write_text(variant("rope", COS_SIN="sincos"))
-    out = tmp_path / "policy.json"
-    rc = bench("policy", ["--smoke", "--configs", "dense", "--no-step", "--kernel", f"rope={tmp_path / 'rope.py'}",
-                          "--out", str(out)])
-    result = json.loads(out.read_text())
-    assert rc == 0 and result["kernels"]["rope"]["knobs"]["COS_SIN"] == "sincos"
     c = result["configs"]["dense"]["checks"]
     assert c["answer_tokens"] > 0
     assert c["policy_vs_training_mismatches"] == c["policy_vs_rollout_mismatches"] == 0

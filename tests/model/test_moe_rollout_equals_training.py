@@ -24,18 +24,22 @@ def bits_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(a, b))
 
 
-def test_batched_moe_rollout_equals_packed_training_bitwise():
-    m = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7)
+def test_batched_moe_rollout_equals_packed_training_bitwise_and_grouped_launches_give_the_per_expert_bits():
+    # The experts' MLPs in three grouped launches per layer (linear_grouped_*, the default) give the bits of one
+    # launch per expert and projection in training, and the rollout records those bits.
+    m = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7)  # grouped launches are the default
     seqs = sequences(5)
     train = m.training_logprobs(seqs, PROMPTS)
     routed = m.expert_rows
     rollout = m.rollout_logprobs(seqs, PROMPTS)
     assert [t.shape[0] for t in train] == [n - p for n, p in zip(LENS, PROMPTS)]
     assert bits_equal(train, rollout), (train, rollout)
-    # Every token of both layers went to top_k = 2 experts: all tokens in training; in rollout all but each
-    # sequence's last, which is only a target.
+    # Every token of both layers went to top_k = 2 experts (through the grouped path): all tokens in training; in
+    # rollout all but each sequence's last, which is only a target.
     assert routed == sum(LENS) * 2 * 2 and m.expert_rows - routed == (sum(LENS) - len(LENS)) * 2 * 2
     assert all(bool(torch.isfinite(t).all()) and bool((t <= 0).all()) for t in train)
+    per_expert = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7, grouped_experts=False)
+    assert bits_equal(train, per_expert.training_logprobs(seqs, PROMPTS))
 
 
 def reference_logprobs(m: MoEDecoder, seq: torch.Tensor, prompt: int) -> torch.Tensor:
@@ -93,7 +97,9 @@ def test_one_mismatched_family_breaks_the_equality():
     other = load_source(write_knobs(src, {**read_knobs(src), "ROUND_TABLE_TO_BF16": True}), "rope_bf16_table")
     hybrid = load_source(src, "rope_hybrid")
     hybrid.rope_decode = other.rope_decode
-    m = MoEDecoder(MoEShape(), 0, "cpu", impls={**impls, "rope": hybrid})
+    # The dense model: RoPE is called alike with and without experts (`_qkv`), and the MoE model's rollout costs
+    # three times as much under the interpreter (here every decoded token's bits differ, 8 of 11).
+    m = MoEDecoder(MoEShape(experts=0, intermediate=96), 0, "cpu", impls={**impls, "rope": hybrid})
     seqs = sequences(5)
     train, rollout = m.training_logprobs(seqs, PROMPTS), m.rollout_logprobs(seqs, PROMPTS)
     assert not bits_equal(train, rollout)
@@ -113,25 +119,13 @@ def test_bad_shapes_and_sequences_are_refused():
         m.rollout_logprobs(sequences(1)[:2], [5])
 
 
-def test_grouped_expert_launches_give_the_per_expert_bits():
-    # The experts' MLPs in three grouped launches per layer (linear_grouped_*) instead of one launch per expert
-    # and projection: the same log-prob bits, in training and in rollout.
-    seqs = sequences(5)
-    per_expert = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7, grouped_experts=False)
-    per_expert = per_expert.training_logprobs(seqs, PROMPTS)
-    m = MoEDecoder(MoEShape(), 0, "cpu", temperature=0.7)  # grouped launches are the default
-    train = m.training_logprobs(seqs, PROMPTS)
-    assert m.expert_rows == sum(LENS) * 2 * 2  # both layers, top_k = 2, through the grouped path
-    assert bits_equal(train, per_expert)
-    assert bits_equal(m.rollout_logprobs(seqs, PROMPTS), train)
-
-
 def test_packed_attention_gives_the_per_sequence_launches_bits():
     # The attention file's packed prefill (one launch over the packed batch) against a file without one (a launch
     # per sequence), in the training forward and the rollout's prefill.
     from types import SimpleNamespace
 
-    m = MoEDecoder(MoEShape(experts=0, intermediate=96), 3, "cpu")
+    # One layer: the attention calls of every layer are alike (the KV cache, per layer, is kv_append's).
+    m = MoEDecoder(MoEShape(experts=0, intermediate=96, layers=1), 3, "cpu")
     seqs = sequences(8)
     packed = m.training_logprobs(seqs, PROMPTS), m.rollout_logprobs(seqs, PROMPTS)
     attn = m.k["attention"]

@@ -32,8 +32,10 @@ def gradients(m: MoEDecoder, seqs, advantages, ops) -> tuple[list[torch.Tensor],
     return lp, grads
 
 
+# The per-expert launches on one layer: what they change (the experts' rows gathered and scattered per expert, the
+# temperature) is within a layer; the two layers' composition is the other two cases'.
 @pytest.mark.parametrize("shape, grouped, temperature", [
-    (MoEShape(experts=0, intermediate=96), True, 1.0), (MoEShape(), True, 1.0), (MoEShape(), False, 0.7)],
+    (MoEShape(experts=0, intermediate=96), True, 1.0), (MoEShape(), True, 1.0), (MoEShape(layers=1), False, 0.7)],
     ids=["dense", "moe_grouped", "moe_per_expert_t0.7"])
 def test_policy_logprobs_are_training_bits_and_gradients_match_torch(shape, grouped, temperature):
     m = MoEDecoder(shape, 1, "cpu", grouped_experts=grouped, temperature=temperature)
@@ -135,8 +137,12 @@ def test_a_policy_step_profile_splits_by_family_and_direction():
         p.requires_grad_(True)
     fams = measure.policy_breakdown(m, sequences(3), PROMPTS, "cpu", "kernel")["families"]
     calls = {k: v["calls"] for k, v in fams.items()}
-    # its step timing runs ours and the torch trainer's model (native dtypes) alike; on the CPU it records no times
-    steps = measure.policy_step_times(m, sequences(3), PROMPTS, 1, "cpu", ["vendor", "kernel"])
+    # its step timing runs ours and the torch trainer's model (native dtypes) alike; on the CPU it records no times.
+    # Nine steps (three rounds of three): only the labels are checked, so on one layer and one short sequence.
+    small = MoEDecoder(MoEShape(experts=0, intermediate=96, layers=1), 1, "cpu")
+    for p in small.parameters():
+        p.requires_grad_(True)
+    steps = measure.policy_step_times(small, sequences(3)[:1], PROMPTS[:1], 1, "cpu", ["vendor", "kernel"])
     assert {k: v["ms_all"] for k, v in steps.items()} == {"unified": [], "unified_kernel_matmul_bwd": [], "torch": []}
     for direction in ("fwd", "bwd"):
         assert calls[f"linear.{direction}"] == 2 * 5 + 1
