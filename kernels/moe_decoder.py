@@ -345,7 +345,8 @@ class MoEDecoder:
 def hooked(m: MoEDecoder, wrap):
     """Within the block, every family call of the model runs as wrap(family, path, call, *args), attention's
     prefill (and packed prefill, where the file has one) with path "full" and its decode (paged or not) with
-    "decode"; the model is given back unwrapped. (policy_logprobs' calls go through its differentiable `ops` instead.)"""
+    "decode"; the model is given back unwrapped. (policy_logprobs' calls go through its differentiable `ops`
+    instead.)"""
     op, attn = m._op, m.k["attention"]
     m._op = lambda family, path, *a, **kw: wrap(family, path, lambda *b: op(family, path, *b, **kw), *a)
     entries = {n: path for n, path in (("prefill", "full"), ("prefill_packed", "full"), ("decode", "decode"),
