@@ -115,6 +115,12 @@ def kv_append_decode(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_
         TOKENS_PER_PROGRAM=tpp, BLOCK_W=_block_w(W), num_warps=KNOBS["DECODE_NUM_WARPS"])
 
 
+def _row_dense(t: torch.Tensor) -> bool:
+    """Each row's [kv_heads, head_dim] values contiguous; a dimension of size 1 may have any stride (one KV head per
+    GPU under tensor parallelism gives views whose head stride is arbitrary)."""
+    return all(size == 1 or stride == want for size, stride, want in zip(t.shape[1:], t.stride()[1:], (t.shape[2], 1)))
+
+
 def kv_append_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     slot_mapping: torch.Tensor) -> None:
     """vLLM's slot mapping: token i of k, v [tokens, kv_heads, head_dim] to flat row slot_mapping[i] of the caches
@@ -127,8 +133,8 @@ def kv_append_slots(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_c
     hk, d = k_cache.shape[2:]
     W = hk * d
     problems = []
-    if k.dim() != 3 or k.shape[1:] != (hk, d) or v.shape != k.shape or k.stride()[1:] != (d, 1) \
-            or v.stride() != k.stride() or k.dtype != k_cache.dtype or v.dtype != k_cache.dtype:
+    if k.dim() != 3 or k.shape[1:] != (hk, d) or v.shape != k.shape or not (_row_dense(k) and _row_dense(v)) \
+            or (T > 1 and v.stride(0) != k.stride(0)) or k.dtype != k_cache.dtype or v.dtype != k_cache.dtype:
         problems.append(f"k {k.dtype} {tuple(k.shape)} strides {k.stride()}, v {v.dtype} {tuple(v.shape)} strides "
                         f"{v.stride()}: expected [tokens, {hk}, {d}] {k_cache.dtype} rows of contiguous values, the "
                         "same row stride for both")

@@ -58,6 +58,12 @@ def _cases():
                                                                                          dtype=torch.int32), 4, 0.125)),
         "attention_decode": (OPS.attention_decode, (r(2, 2, 1, 32), r(2, 1, 6, 32), r(2, 1, 6, 32),
                                                     torch.tensor([6, 2], dtype=torch.int32), 0.125)),
+        "attention_decode_paged": (OPS.attention_decode_paged, (r(2, 2, 1, 32), r(5, 3, 1, 32), r(5, 3, 1, 32),
+                                                                torch.tensor([[4, 1], [0, 2]], dtype=torch.int32),
+                                                                torch.tensor([6, 2], dtype=torch.int32), 0.125)),
+        "kv_append_slots": (OPS.kv_append_slots, (r(3, 1, 32), r(3, 1, 32), torch.zeros(4, 4, 1, 32, dtype=BF),
+                                                  torch.zeros(4, 4, 1, 32, dtype=BF),
+                                                  torch.tensor([9, -1, 2], dtype=torch.int64))),
         "kv_append": (OPS.kv_append, (r(5, 1, 32), r(5, 1, 32), torch.zeros(4, 4, 1, 32, dtype=BF),
                                       torch.zeros(4, 4, 1, 32, dtype=BF), torch.tensor([[2, 0], [1, 3]],
                                                                                        dtype=torch.int32),
@@ -105,6 +111,13 @@ def test_decode_path_gives_the_full_paths_bits():
     full = T.attention_prefill(q, k, v, 0.125)
     step = T.attention_decode(q[:, :, 4:5].contiguous(), k, v, torch.tensor([5], dtype=torch.int32), 0.125)
     assert torch.equal(step[:, :, 0], full[:, :, 4])
+    # The same cache in pages of 4 rows, dealt out of order (page 2 then page 0), read through the block table.
+    kp, vp = (torch.zeros(3, 4, 1, 32, dtype=BF) for _ in range(2))
+    slots = torch.tensor([8, 9, 10, 11, 0, 1, 2])
+    T.kv_append_slots(k[0].transpose(0, 1).contiguous(), v[0].transpose(0, 1).contiguous(), kp, vp, slots)
+    paged = T.attention_decode_paged(q[:, :, 4:5].contiguous(), kp, vp, torch.tensor([[2, 0]], dtype=torch.int32),
+                                     torch.tensor([5], dtype=torch.int32), 0.125)
+    assert torch.equal(paged, step)
 
 
 class Block(torch.nn.Module):

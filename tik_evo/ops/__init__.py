@@ -29,10 +29,12 @@ if interp.interpreting():
 
 from tik_evo.ops.attention import (  # noqa: E402
     attention_decode,
+    attention_decode_paged,
     attention_packed,
     attention_prefill,
     kv_append,
     kv_append_decode,
+    kv_append_slots,
 )
 from tik_evo.ops.matmul import (  # noqa: E402
     linear,
@@ -48,9 +50,10 @@ from tik_evo.ops.rowwise import add_rmsnorm, embedding, qk_rmsnorm, rmsnorm, rop
 # The forward ops a user calls, by name (the backward ops are registered too: `torch.ops.tik_evo.*_backward`).
 OPS = ("rmsnorm", "add_rmsnorm", "qk_rmsnorm", "rope", "silu_mul", "embedding", "linear", "linear_grouped",
        "logprob", "moe_routing", "moe_dispatch", "moe_combine", "attention_prefill", "attention_packed",
-       "attention_decode", "kv_append", "kv_append_decode")
+       "attention_decode", "attention_decode_paged", "kv_append", "kv_append_decode", "kv_append_slots")
 
 __all__ = ["FAMILIES", "OPS", "impl", "kernel_set", "register", "registered", "rmsnorm", "add_rmsnorm", "qk_rmsnorm",
            "rope", "silu_mul", "embedding", "linear", "linear_grouped", "logprob", "moe_routing", "moe_dispatch",
-           "moe_combine", "attention_prefill", "attention_packed", "attention_decode", "kv_append", "kv_append_decode"]
+           "moe_combine", "attention_prefill", "attention_packed", "attention_decode", "attention_decode_paged",
+           "kv_append", "kv_append_decode", "kv_append_slots"]
 assert set(__all__) >= set(OPS)

@@ -1,9 +1,9 @@
-"""Attention (prefill, decode, packed prefill) and the paged KV-cache append as `tik_evo::` ops.
+"""Attention (prefill, decode, paged decode, packed prefill) and the paged KV-cache appends as `tik_evo::` ops.
 
 Prefill and packed prefill are differentiable: the forward is the kernel file's, the backward recomputes with torch
 SDPA under autograd (`kernels/attention/autograd.py`), inside an op of its own so a compiled backward calls it
-opaquely. Decode and the KV append are rollout-only. The KV append writes into caches the caller owns, so it is
-the one op declared with `mutates_args`; it returns nothing.
+opaquely. Decode and the KV appends are rollout-only. The KV appends write into caches the caller owns, so they
+are the ops declared with `mutates_args`; they return nothing.
 """
 
 from __future__ import annotations
@@ -138,6 +138,24 @@ def _(q, k_cache, v_cache, context_lens, sm_scale, kernels="root"):
     return q.new_empty(q.shape)
 
 
+@custom_op("tik_evo::attention_decode_paged", mutates_args=())
+def attention_decode_paged(q: Tensor, k_pages: Tensor, v_pages: Tensor, block_table: Tensor, context_lens: Tensor,
+                           sm_scale: float, kernels: str = "root") -> Tensor:
+    """`attention_decode` from a paged cache, with its bits: k/v_pages [num_pages, page_size, HKV, D] (the layout
+    serving engines use), key j of sequence b in row j % page_size of page block_table[b, j // page_size]
+    (int32 [B, max_pages]); context_lens int32 [B]."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if q.numel():
+        impl(kernels, "attention").decode_paged(q.contiguous(), k_pages, v_pages, block_table.to(torch.int32),
+                                                context_lens.to(torch.int32).contiguous(), sm_scale, out)
+    return out
+
+
+@attention_decode_paged.register_fake
+def _(q, k_pages, v_pages, block_table, context_lens, sm_scale, kernels="root"):
+    return q.new_empty(q.shape)
+
+
 # -- the paged KV-cache append -------------------------------------------------------------------------------------
 @custom_op("tik_evo::kv_append", mutates_args=("k_cache", "v_cache"))
 def kv_append(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, cu_seqlens: Tensor,
@@ -166,4 +184,18 @@ def kv_append_decode(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, blo
 
 @kv_append_decode.register_fake
 def _(k, v, k_cache, v_cache, block_table, positions, kernels="root"):
+    return None
+
+
+@custom_op("tik_evo::kv_append_slots", mutates_args=("k_cache", "v_cache"))
+def kv_append_slots(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor,
+                    kernels: str = "root") -> None:
+    """Token i of k/v [T, HKV, D] to flat cache row slot_mapping[i] (page * page_size + row; negative: padding,
+    not written), as serving engines map a step's tokens."""
+    if k.shape[0]:
+        impl(kernels, "kv_append").kv_append_slots(k, v, k_cache, v_cache, slot_mapping)
+
+
+@kv_append_slots.register_fake
+def _(k, v, k_cache, v_cache, slot_mapping, kernels="root"):
     return None
