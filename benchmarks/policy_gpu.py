@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         for p in m.parameters():
             p.requires_grad_(True)
         row = {"shape": shape.__dict__,
+               # The modules the model holds for the replaced families (not the arguments): proof the files are used.
+               "kernels_in_model": {f: m.k[f].__name__ for f in replaced},
                "checks": policy_checks(m, sequences(shape.vocab, lens, device, 100), prompts, device, modes)}
         c = row["checks"]
         print(f"{name}: {c['answer_tokens']} log-probs, policy vs training {c['policy_vs_training_mismatches']}, vs "

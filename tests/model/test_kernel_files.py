@@ -50,6 +50,10 @@ def test_kernel_files_and_a_runs_best_replace_roots_in_the_model_and_keep_it_bit
     assert result["kernels"]["rope"]["knobs"]["COS_SIN"] == "sincos"
     assert result["kernels"]["rmsnorm"] == {"from": f"--best {tmp_path / 'run'}",
                                             "knobs": read_knobs(variant("rmsnorm", FULL_ROWS_PER_PROGRAM=2))}
+    # The model holds the files' modules (named by family and file), not the roots.
+    held = result["configs"]["dense"]["kernels_in_model"]
+    assert held["silu_mul"].startswith("_cand_silu_mul_file_silu") and held["rope"].startswith("_cand_rope_file_rope")
+    assert held["rmsnorm"].startswith("_cand_rmsnorm_best_I4"), held
     c = result["configs"]["dense"]["checks"]
     assert c["answer_tokens"] > 0
     assert c["policy_vs_training_mismatches"] == c["policy_vs_rollout_mismatches"] == 0
