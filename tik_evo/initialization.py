@@ -81,13 +81,21 @@ def resolve_device(cfg: DictConfig) -> tuple[str, dict[str, Any], list[str]]:
     facts["actual_gpu"] = actual
     if name.lower() not in ("any", "cpu") and name.lower() not in actual.lower():
         msg = f"campaign {cfg.name!r} was written for {name} but this GPU is {actual!r}"
-        if policy == "refuse":
-            raise ConfigError(f"{cfg.source_file}: key 'gpu.policy': {msg} (policy refuse)")
-        if policy == "interpret":
-            warnings.append(f"{msg}: policy 'interpret' runs it under the Triton interpreter")
+        if other_gpu(cfg, policy, msg, warnings, "the real GPU is recorded with every audit"):
             return "cpu", facts, warnings
-        warnings.append(f"{msg}: running anyway (policy warn); the real GPU is recorded with every audit")
     return "cuda", facts, warnings
+
+
+def other_gpu(cfg: DictConfig, policy: str, msg: str, warnings: list[str], recorded: str) -> bool:
+    """`gpu.policy` for a GPU other than the campaign's: refuse (raise), interpret (True: run under the Triton
+    interpreter) or warn (run anyway; ``recorded`` says what keeps the GPU on record)."""
+    if policy == "refuse":
+        raise ConfigError(f"{cfg.source_file}: key 'gpu.policy': {msg} (policy refuse)")
+    if policy == "interpret":
+        warnings.append(f"{msg}: policy 'interpret' runs it under the Triton interpreter")
+        return True
+    warnings.append(f"{msg}: running anyway (policy warn); {recorded}")
+    return False
 
 
 def _yaml_switch(family: Family, name: str, value: Any) -> Any:

@@ -164,6 +164,8 @@ def slots(evaluate: Any, device: str) -> list[Any]:
 
 def resolve_device(cfg) -> tuple[str, dict[str, Any], list[str]]:
     """`initialization.resolve_device` for a cluster: its GPU models, under the campaign's GPU policy."""
+    from tik_evo.initialization import other_gpu  # (initialization imports this module lazily)
+
     cluster = connect(cfg.evaluate)
     want, policy, name = cfg.device, cfg.gpu.policy, cfg.gpu.name
     facts: dict[str, Any] = {"campaign_gpu": name, "policy": policy, "torch": ray_task.identity()["torch"],
@@ -181,12 +183,8 @@ def resolve_device(cfg) -> tuple[str, dict[str, Any], list[str]]:
     other = [m for m in cluster.models if name.lower() not in ("any", "cpu") and name.lower() not in m.lower()]
     if other:
         msg = f"campaign {cfg.name!r} was written for {name} but the cluster has {', '.join(sorted(other))}"
-        if policy == "refuse":
-            raise ConfigError(f"{cfg.source_file}: key 'gpu.policy': {msg} (policy refuse)")
-        if policy == "interpret":
-            warnings.append(f"{msg}: policy 'interpret' runs it under the Triton interpreter")
+        if other_gpu(cfg, policy, msg, warnings, "each audit records its GPU"):
             return "cpu", facts, warnings
-        warnings.append(f"{msg}: running anyway (policy warn); each audit records its GPU")
     if len(cluster.models) > 1:
         warnings.append(f"GPU models {', '.join(sorted(cluster.models))}: the root is timed on each, and each "
                         f"audit is judged against the root on its own model")

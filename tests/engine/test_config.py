@@ -113,3 +113,16 @@ def test_another_package_named_kernels_does_not_hide_the_families(tmp_path):
     r = subprocess.run([sys.executable, "-S", "-c", code], cwd=root, capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(root)})
     assert r.returncode == 0 and r.stdout.split() == [str(root / "kernels")], r.stderr[-2000:]
+
+
+def test_gpu_policy_for_another_gpu():
+    from omegaconf import OmegaConf
+
+    from tik_evo.initialization import other_gpu
+
+    cfg = OmegaConf.create({"source_file": "c.yaml"})
+    with pytest.raises(ConfigError, match="c.yaml: key 'gpu.policy': msg"):
+        other_gpu(cfg, "refuse", "msg", [], "")
+    warnings: list[str] = []
+    assert other_gpu(cfg, "interpret", "msg", warnings, "") and "interpreter" in warnings[-1]
+    assert not other_gpu(cfg, "warn", "msg", warnings, "kept") and warnings[-1].endswith("(policy warn); kept")
