@@ -36,7 +36,12 @@ def inv_freq(head_dim: int, theta: float, scaling: str | None = None) -> torch.T
 
 def rope_table(max_pos: int, head_dim: int, theta: float, scaling: str | None, device: str):
     """The one fp32 cos/sin table [max_pos, head_dim // 2], computed in fp64 and rounded once."""
-    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv_freq(head_dim, theta, scaling)[None, :]
+    return table_from_inv_freq(inv_freq(head_dim, theta, scaling), max_pos, device)
+
+
+def table_from_inv_freq(inv64: torch.Tensor, max_pos: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_pos, len(inv64)] from fp64 inverse frequencies: angles in fp64, rounded to fp32 once."""
+    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv64.double()[None, :]
     return torch.cos(ang).float().to(device), torch.sin(ang).float().to(device)
 
 

@@ -22,6 +22,8 @@ from types import MethodType
 
 import torch
 
+from tik_evo_kernels.rope.family import table_from_inv_freq
+
 SUPPORTED = {  # model_type -> what the patch relies on, for messages
     "llama": "Llama 3 (RMSNorm, SiLU MLP, GQA, RoPE default or llama3)",
     "qwen2": "Qwen2 / Qwen2.5 (QKV bias, tied embeddings where configured)",
@@ -66,7 +68,7 @@ def rotary_forward(self, x, position_ids):
     """The fp32 tables ([max_pos, head_dim / 2]) in place of per-token cos/sin: attention gathers by position."""
     cos, sin = self._tik_evo_cos, self._tik_evo_sin
     if cos.dtype != torch.float32:  # a dtype cast of the model reached the buffers: recompute them
-        cos, sin = rope_tables(self._tik_evo_inv64, cos.shape[0], cos.device)
+        cos, sin = table_from_inv_freq(self._tik_evo_inv64, cos.shape[0], cos.device)
     return cos, sin
 
 
@@ -124,12 +126,6 @@ def moe_forward(self, hidden_states):
     act = ops.silu_mul(gate_up[:, :inter], gate_up[:, inter:], decode, kernels)
     down = ops.linear_grouped(act, experts.down_proj, starts, decode, kernels)
     return ops.moe_combine(down, weights, pos).view(B, S, H)
-
-
-def rope_tables(inv64: torch.Tensor, max_pos: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin [max_pos, head_dim / 2]: angles in fp64 from the model's own frequencies, rounded to fp32 once."""
-    ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv64[None, :]
-    return torch.cos(ang).float().to(device), torch.sin(ang).float().to(device)
 
 
 # -- checks ----------------------------------------------------------------------------------------------------------
@@ -216,7 +212,7 @@ def patch(model, kernels: str) -> None:
     if max_pos <= 0:
         raise UnsupportedModelError(f"{type(model).__name__}: config.max_position_embeddings is missing: the RoPE "
                                     "table needs it")
-    cos, sin = rope_tables(rotary._tik_evo_inv64, max_pos, inv.device)
+    cos, sin = table_from_inv_freq(rotary._tik_evo_inv64, max_pos, inv.device)
     # Buffers follow model.to(device); not saved with the model (a checkpoint stays transformers').
     rotary.register_buffer("_tik_evo_cos", cos, persistent=False)
     rotary.register_buffer("_tik_evo_sin", sin, persistent=False)
