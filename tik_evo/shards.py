@@ -37,9 +37,23 @@ def count(setting: int, n_cases: int, cpus: int | None = None) -> int:
     return max(1, min(n_cases, cpus // 2, MAX_AUTO))
 
 
-def deal(n_cases: int, shards: int) -> list[list[int]]:
-    """Cases per shard, dealt in turn (the family lists cases roughly by size, so big ones spread out)."""
-    return [list(range(i, n_cases, shards)) for i in range(shards)]
+# A drawn case's kernels are compiled cold (its shapes are new to every audit), a fixed case's mostly found in the
+# lineage's cache: on an H100 a shard compiled 3-4 kernels for a fixed attention case and 8-16 with a drawn one
+# (`results/engine/h100_audit_times_2026-12-07c.md`), so a drawn case weighs about three fixed ones.
+FRESH_WEIGHT = 3
+
+
+def deal(n_cases: int, shards: int, fresh_from: int | None = None) -> list[list[int]]:
+    """Cases per shard, balanced by weight: the cases from ``fresh_from`` on (drawn, compiled cold) weigh
+    FRESH_WEIGHT and are dealt first, one per shard while shards last, then the others in turn to the lightest
+    shard (the family lists cases roughly by size, so big ones spread out)."""
+    fresh_from = n_cases if fresh_from is None else max(0, min(fresh_from, n_cases))
+    load, out = [0] * shards, [[] for _ in range(shards)]
+    for c in [*range(fresh_from, n_cases), *range(fresh_from)]:
+        i = min(range(shards), key=lambda s: (load[s], s))
+        out[i].append(c)
+        load[i] += FRESH_WEIGHT if c >= fresh_from else 1
+    return [sorted(x) for x in out]
 
 
 @dataclass
@@ -50,12 +64,13 @@ class Shard:
     log: Path
 
 
-def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path, notes_below: int = 0
-          ) -> list[Shard]:
+def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path, notes_below: int = 0,
+          fresh_from: int | None = None) -> list[Shard]:
     """Fork one process per share of ``all_cases``; each starts a runner of its own for the candidate. Call
-    before anything initialises CUDA. ``notes_below``: note the calls of cases below it (tik_evo.warm)."""
+    before anything initialises CUDA. ``notes_below``: note the calls of cases below it (tik_evo.warm);
+    ``fresh_from``: the first drawn case (see `deal`)."""
     out = []
-    for i, cases in enumerate(deal(len(all_cases), shards)):
+    for i, cases in enumerate(deal(len(all_cases), shards, fresh_from)):
         result, log = work / f"shard{i}.json", work / f"shard{i}.log"
         result.unlink(missing_ok=True)
         sys.stdout.flush()

@@ -110,15 +110,16 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
     drawn = family.drawn_cases(random.Random(secret.getrandbits(64)))[: 1 if device == "cpu" else None]
     cases = family.check_cases("full") + drawn
     res.data["drawn_cases"] = drawn  # drawn for this audit: recorded so a failure can be reproduced
-    notes_below = _warm_pass(job, opts, res, device, len(cases) - len(drawn))
+    n_fixed = len(cases) - len(drawn)
+    notes_below = _warm_pass(job, opts, res, device, n_fixed)
     in_flight = int(job.evaluate.get("in_flight", 1))
     if in_flight < 2:
-        _judge(job, res, device, family, secret, opts, cases, notes_below)
+        _judge(job, res, device, family, secret, opts, cases, notes_below, n_fixed)
         return
     try:
         with warm.gpu_lock(Path(job.run_dir), res.data.setdefault("gpu_lock", {})), \
                 _deadline(res, float(job.evaluate.get("timeout_s", 300))):
-            _judge(job, res, device, family, secret, opts, cases, notes_below)
+            _judge(job, res, device, family, secret, opts, cases, notes_below, n_fixed)
     finally:
         res.flush()  # the lock's release time
 
@@ -171,7 +172,7 @@ def _warm_pass(job: WorkerJob, opts: dict[str, Any], res: Result, device: str, n
 
 
 def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Random, opts: dict[str, Any],
-           cases: list[dict[str, Any]], notes_below: int) -> None:
+           cases: list[dict[str, Any]], notes_below: int, n_fixed: int) -> None:
     from tik_evo import shards
     from tik_evo.remote import CandidateError, Runner, connect
 
@@ -180,7 +181,8 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
     phases["judge_started_at"] = t0
     # Every process that runs candidate code forks now, before this process touches CUDA.
     procs = shards.count(int(job.evaluate.get("check_procs", 0)), len(cases))
-    forked = shards.start(job, cases, procs, Path(job.result_path).parent, notes_below) if procs > 1 else []
+    forked = shards.start(job, cases, procs, Path(job.result_path).parent, notes_below,
+                          fresh_from=n_fixed) if procs > 1 else []
     best = None
     try:
         runner = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])

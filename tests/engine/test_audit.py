@@ -166,6 +166,9 @@ def test_shard_counts():
     assert shards.count(0, 3, cpus=2) == 1  # two CPUs: the stage stays in the worker
     assert shards.count(4, 2) == 2 and shards.count(1, 9) == 1
     assert shards.deal(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    # drawn cases (compiled cold) alone on their shards, the fixed ones dealt over the rest
+    assert shards.deal(10, 8, fresh_from=7) == [[7], [8], [9], [0, 5], [1, 6], [2], [3], [4]]
+    assert shards.deal(6, 2, fresh_from=4) == [[0, 2, 4], [1, 3, 5]]
 
 
 def test_raising_candidate(tmp_path):

@@ -112,11 +112,21 @@ def main(argv: list[str] | None = None) -> int:
               "task": {"name": "addition", "digits": args.digits, "prompt_tokens": prompt_tokens},
               "arms": {a.name: {"doc": a.doc, "notes": [], "sft_loss": [], "steps": []} for a in arms}}
 
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(final: bool) -> None:
+        """The record as it stands (rewritten after every step, so a run cut short keeps what it measured)."""
+        record["partial"] = not final
+        record["summary"] = summarize(record["arms"], min(args.skip, max(args.steps - 1, 0)))
+        out.write_text(json.dumps(record, indent=1) + "\n")
+
     def run(trainer, n_steps: int) -> None:
         rec = record["arms"][trainer.arm.name]
         for _ in range(n_steps):
             step = trainer.step()
             rec["steps"].append(step)
+            save(False)
             ratio = step["ratio_first_micro_batch"]
             print(f"{trainer.arm.name} step {step['step']}: {step['total_s']:.3f} s "
                   f"(rollout {step['times_s']['rollout']:.3f}, recompute {step['times_s']['recompute']:.3f}, "
@@ -145,10 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             del t
             if device == "cuda":
                 torch.cuda.empty_cache()
-    record["summary"] = summarize(record["arms"], min(args.skip, max(args.steps - 1, 0)))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    save(True)
     out.with_suffix(".md").write_text(markdown(record))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
