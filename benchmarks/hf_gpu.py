@@ -229,6 +229,15 @@ def compiled(patched, args, shape, device) -> dict:
                 "trace": traceback.format_exc()[-2000:]}
 
 
+SUMMARY = {
+    "bits": lambda b: (f"{b['differing']} of {b['tokens']} log-probs differ between generate and the training "
+                       f"forward (control, unpatched: {b['control_differing']} of {b['control_tokens']}); "
+                       f"{b['distinct_lengths']} distinct lengths"),
+    "speed": lambda s: f"forward ms {s['forward_ms']}, forward+backward ms {s['forward_backward_ms']}",
+    "compile": lambda c: f"ok {c.get('ok')} bit_equal {c.get('bit_equal')} {c.get('error', '')[:300]}",
+}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="tik-evo bench hf", description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="qwen3,qwen2.5", help="comma-separated: " + ", ".join(SHAPES))
@@ -284,17 +293,20 @@ def main(argv=None) -> int:
             if rotary is None:
                 liger = None
         entry = {"shape": shape, "liger": note}
-        entry["bits"] = bits(patched, plain, args, shape, device)
-        print(f"{name}: {entry['bits']['differing']} of {entry['bits']['tokens']} log-probs differ between generate "
-              f"and the training forward (control, unpatched: {entry['bits']['control_differing']} of "
-              f"{entry['bits']['control_tokens']}); {entry['bits']['distinct_lengths']} distinct lengths")
-        entry["speed"] = speed(patched, plain, liger, rotary, args, shape, device)
-        print(f"{name}: forward ms {entry['speed']['forward_ms']}, forward+backward ms "
-              f"{entry['speed']['forward_backward_ms']}")
-        entry["compile"] = compiled(patched, args, shape, device)
-        print(f"{name}: compile {entry['compile'].get('ok')} bit_equal {entry['compile'].get('bit_equal')}")
-        entry["seconds"] = time.perf_counter() - t0
         result["models"][name] = entry
+        for part, fn in (("bits", lambda: bits(patched, plain, args, shape, device)),
+                         ("speed", lambda: speed(patched, plain, liger, rotary, args, shape, device)),
+                         ("compile", lambda: compiled(patched, args, shape, device))):
+            try:
+                entry[part] = fn()
+            except Exception as e:  # noqa: BLE001 - recorded; the other parts and models still run
+                entry[part] = {"error": repr(e)[:500], "trace": traceback.format_exc()[-3000:]}
+                print(f"{name}: {part} failed: {e!r:.300}")
+            else:
+                print(f"{name}: {part} " + SUMMARY[part](entry[part]))
+            if args.out:  # rewritten after each part: a run cut short keeps what it measured
+                write_json(args.out, result)
+        entry["seconds"] = time.perf_counter() - t0
         del plain, patched, liger
         if device == "cuda":
             torch.cuda.empty_cache()
