@@ -3,6 +3,8 @@ in every bit, before and after an update (so the rollout samples from the update
 log-probs are the training forward's); a mismatched decode path makes them differ; arm A recomputes the old
 log-probs and arm C does not; a reseeded run reproduces its first step exactly."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -26,8 +28,8 @@ def varied_reward(problem, completion):
     return float(sum(completion))
 
 
-def trainer(arm="B", impls=None, seed=0):
-    return GRPOTrainer(MoEDecoder(SHAPE, seed, "cpu", impls=impls), TASK, ARMS[arm], CFG, reward_fn=varied_reward)
+def trainer(arm="B", impls=None, seed=0, cfg=CFG):
+    return GRPOTrainer(MoEDecoder(SHAPE, seed, "cpu", impls=impls), TASK, ARMS[arm], cfg, reward_fn=varied_reward)
 
 
 def snapshot(t: GRPOTrainer) -> list[torch.Tensor]:
@@ -68,9 +70,11 @@ def test_arm_b_ratios_are_exactly_one_and_a_reseeded_run_reproduces_its_first_st
     train = m.training_logprobs(rollouts[1].seqs, rollouts[1].prompt_lens)
     assert all(torch.equal(bits(a), bits(b)) for a, b in zip(train, rollouts[1].logprobs))
 
-    # Reseeded (same model seed, same trainer seed): the first step again, bit for bit.
-    t = trainer("B")
+    # Reseeded (same model seed, same trainer seed), its decode steps padded to batch buckets as CUDA graphs replay
+    # them (finished sequences' rows fill the bucket): the first step again, bit for bit.
+    t = trainer("B", cfg=replace(CFG, decode="padded"))
     rec = t.step()
+    assert rec["decode"]["padded_rows"] > 0 and records[0]["decode"]["padded_rows"] == 0
     keep = ("rewards", "loss", "grad_norm", "tokens", "lengths", "decode_steps", "ratio_all")
     assert {k: rec[k] for k in keep} == {k: records[0][k] for k in keep}
     assert all(torch.equal(a, b) for a, b in zip(t.last_rollout.completions, rollouts[0].completions))

@@ -37,6 +37,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--digits", type=int, default=3, help="digits of each operand")
     ap.add_argument("--prompt-len", type=int, default=0, help="left-pad prompts to this many tokens (0: none)")
     ap.add_argument("--max-new", type=int, default=None, help="longest answer (default: a correct answer's length)")
+    ap.add_argument("--decode", choices=("graphs", "eager", "padded"), default="graphs",
+                    help="decode steps: CUDA graphs over padded batch buckets (a GPU), eager, or padded eager")
     ap.add_argument("--micro-batch", type=int, default=8, help="sequences per packed training forward")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=1e-5)
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if model_shape.vocab < 14:
         print(f"error: {args.model} has {model_shape.vocab} tokens, fewer than the task's 14")
         return 2
-    cfg = GRPOConfig(prompts=args.prompts, group=args.group, max_new=max_new, micro_batch=args.micro_batch,
+    cfg = GRPOConfig(prompts=args.prompts, group=args.group, max_new=max_new, micro_batch=args.micro_batch, decode=args.decode,
                      lr=args.lr, seed=args.seed)
 
     def build(arm):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tik_evo.rl.decode_steps import DecodeSteps
 from tik_evo.rl.task import EOS
 
 
@@ -70,22 +71,27 @@ def sdpa_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, l
 
 class PagedCache:
     """The unified kernels' rollout cache (as `MoEDecoder.rollout_logprobs` keeps it): pages of `page_size` rows
-    per layer, written by kv_append, read in place by the attention family's paged decode."""
+    per layer, written by kv_append, read in place by the attention family's paged decode. Its storage holds `n`
+    sequences of up to `capacity` tokens and is kept between rollouts (`begin` starts one)."""
 
-    def __init__(self, m, prompt_lens: list[int], max_new: int):
+    def __init__(self, m, n: int, capacity: int):
         s, dev = m.s, m.device
-        self.m, n = m, len(prompt_lens)
-        pages = -(-(max(prompt_lens) + max_new) // s.page_size)
+        self.m, self.n, self.capacity = m, n, capacity
+        pages = -(-capacity // s.page_size)
         self.table = torch.arange(n * pages, device=dev, dtype=torch.int32).view(n, pages)
         self.cache = [[torch.zeros((n * pages, s.page_size, s.kv_heads, s.head_dim), device=dev,
                                    dtype=torch.bfloat16) for _ in range(2)] for _ in range(s.layers)]
+
+    def begin(self, prompt_lens: list[int]) -> None:
+        dev, n = self.m.device, len(prompt_lens)
+        self.rows = self.table[:n]
         self.bounds = [0] + torch.tensor(prompt_lens).cumsum(0).tolist()
         self.cu = torch.tensor(self.bounds, device=dev, dtype=torch.int32)
         self.starts = torch.zeros(n, device=dev, dtype=torch.int32)
         self.max_prompt = max(prompt_lens)
 
     def prefill(self, layer: int, q, k, v) -> torch.Tensor:
-        self.m._op("kv_append", "full", k, v, *self.cache[layer], self.table, self.cu, self.starts, self.max_prompt)
+        self.m._op("kv_append", "full", k, v, *self.cache[layer], self.rows, self.cu, self.starts, self.max_prompt)
         return self.m._prefill(q, k, v, self.bounds)
 
     def decode(self, layer: int, q, k, v, live: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
@@ -96,19 +102,22 @@ class PagedCache:
 
 class TorchCache:
     """A baseline's rollout cache: [sequences, capacity, HKV, D] per layer (rows first, as the projections write
-    them), prefill attention through `ops.attention_packed`, decode through `ops.attention_decode` or SDPA."""
+    them), prefill attention through `ops.attention_packed`, decode through `ops.attention_decode` or SDPA. Its
+    storage is kept between rollouts (`begin` starts one)."""
 
-    def __init__(self, m, prompt_lens: list[int], max_new: int, ops):
+    def __init__(self, m, n: int, capacity: int, ops):
         s, dev = m.s, m.device
-        self.m, self.ops = m, ops
-        cap = max(prompt_lens) + max_new
-        self.cache = [[torch.zeros((len(prompt_lens), cap, s.kv_heads, s.head_dim), device=dev,
+        self.m, self.ops, self.n, self.capacity = m, ops, n, capacity
+        self.cache = [[torch.zeros((n, capacity, s.kv_heads, s.head_dim), device=dev,
                                    dtype=torch.bfloat16) for _ in range(2)] for _ in range(s.layers)]
+        self.dtype = torch.bfloat16 if getattr(ops, "native", False) else torch.float32
+
+    def begin(self, prompt_lens: list[int]) -> None:
+        dev = self.m.device
         self.bounds = [0] + torch.tensor(prompt_lens).cumsum(0).tolist()
         lens = torch.tensor(prompt_lens)
         self.seq_of_row = torch.repeat_interleave(torch.arange(len(prompt_lens)), lens).to(dev)
         self.pos_of_row = torch.cat([torch.arange(p) for p in prompt_lens]).to(dev)
-        self.dtype = torch.bfloat16 if getattr(ops, "native", False) else torch.float32
 
     def prefill(self, layer: int, q, k, v) -> torch.Tensor:
         kc, vc = self.cache[layer]
@@ -128,30 +137,48 @@ class TorchCache:
         return sdpa_decode(q, kc[live], vc[live], pos + 1, scale, self.dtype)
 
 
+class Sampler:
+    """What a rollout keeps from one batch to the next, as an inference engine does: the KV cache's storage and
+    the decode steps that read it (on a GPU, with `graphs`, CUDA graphs captured on first use and replayed in
+    every later rollout). `ops` None: the unified kernels; else the baseline's ops."""
+
+    def __init__(self, m, n: int, capacity: int, ops=None, graphs: bool = False, pad: bool = False):
+        self.ops, self.n, self.capacity = ops, n, capacity
+        self.cache = PagedCache(m, n, capacity) if ops is None else TorchCache(m, n, capacity, ops)
+        self.steps = DecodeSteps(m, self.cache, n, graphs=graphs, pad=pad)
+
+    def fits(self, n: int, capacity: int, ops) -> bool:
+        return n <= self.n and capacity <= self.capacity and ops is self.ops
+
+
 def generate(m, prompts: list[torch.Tensor], max_new: int, generator: torch.Generator, ops=None,
-             eos: int = EOS) -> Rollout:
+             eos: int = EOS, sampler: Sampler | None = None) -> Rollout:
     """Sample up to `max_new` tokens after each prompt (int32 tensors on the model's device) with the model's
-    temperature, on the kernels (`ops` None) or through `ops`; a sequence stops after sampling `eos`."""
+    temperature, on the kernels (`ops` None) or through `ops`; a sequence stops after sampling `eos`. `sampler`:
+    the cache and decode steps to use (kept by the caller between rollouts); None: a fresh one, decoded eagerly."""
     plens = [int(p.numel()) for p in prompts]
     if max_new < 1 or not prompts or min(plens) < 1 or max(plens) + max_new > m.s.max_pos:
         raise ValueError(f"generate: {len(prompts)} prompts of {min(plens, default=0)}..{max(plens, default=0)} "
                          f"tokens and max_new {max_new}: need prompts, max_new >= 1 and prompt + max_new <= "
                          f"max_pos {m.s.max_pos}")
-    cache = PagedCache(m, plens, max_new) if ops is None else TorchCache(m, plens, max_new, ops)
+    if sampler is None or not sampler.fits(len(prompts), max(plens) + max_new, ops):
+        sampler = Sampler(m, len(prompts), max(plens) + max_new, ops)
+    sampler.cache.begin(plens)
     m.ops = ops
     try:
         with torch.no_grad():
-            return _generate(m, prompts, plens, max_new, generator, cache, eos)
+            return _generate(m, prompts, plens, max_new, generator, sampler, eos)
     finally:
         m.ops = None
 
 
-def _generate(m, prompts, plens, max_new, generator, cache, eos) -> Rollout:
+def _generate(m, prompts, plens, max_new, generator, sampler: Sampler, eos) -> Rollout:
     dev, n = m.device, len(prompts)
     tokens = torch.zeros((n, max_new), device=dev, dtype=torch.int32)  # row b: completion b's tokens so far
     logprobs = torch.zeros((n, max_new), device=dev, dtype=torch.float32)
     lengths = [0] * n
     positions = torch.cat([torch.arange(p, dtype=torch.int32) for p in plens]).to(dev)
+    cache = sampler.cache
     last = torch.tensor(cache.bounds[1:], device=dev) - 1  # only each prompt's last row is scored
     logits = m._forward(torch.cat(prompts), positions, "full", cache.prefill, keep=last)
     live = list(range(n))
@@ -169,11 +196,8 @@ def _generate(m, prompts, plens, max_new, generator, cache, eos) -> Rollout:
         if not live_tok:
             break
         live = [b for b, _ in live_tok]
-        idx = torch.tensor(live, device=dev)
-        pos = torch.tensor([plens[b] + step for b in live], device=dev, dtype=torch.int32)
-        feed = tokens[idx, step].contiguous()
-        logits = m._forward(feed, pos, "decode",
-                            lambda layer, q, k, v, idx=idx, pos=pos: cache.decode(layer, q, k, v, idx, pos))
+        feed = tokens[torch.tensor(live, device=dev), step]
+        logits = sampler.steps(live, feed, [plens[b] + step for b in live])
         step += 1
     return Rollout(list(prompts), [tokens[b, :lengths[b]] for b in range(n)],
                    [logprobs[b, :lengths[b]] for b in range(n)], step)

@@ -25,10 +25,13 @@ from tik_evo.rl.advantages import group_advantages, token_advantages
 from tik_evo.rl.arms import Arm, arm_ops
 from tik_evo.rl.loss import CLIP, ppo_clip_loss, ratio_stats
 from tik_evo.rl.optim import MasterAdamW, PhaseTimer
-from tik_evo.rl.rollout import Rollout, generate
+from tik_evo.rl.rollout import Rollout, Sampler, generate
 from tik_evo.rl.task import AdditionTask, reward
 
 PHASES = ("rollout", "recompute", "update", "other")
+
+
+DECODE = ("graphs", "eager", "padded")
 
 
 @dataclass
@@ -42,6 +45,10 @@ class GRPOConfig:
     clip: float = CLIP
     max_grad_norm: float | None = 1.0
     seed: int = 0
+    # decode steps: "graphs" (CUDA graphs over padded batch buckets on a GPU, as serving engines run them; eager
+    # elsewhere), "eager" (every step launched, the batch exactly the live sequences), "padded" (eager, padded as
+    # for graphs: what a graph replays, checkable on the CPU)
+    decode: str = "graphs"
 
 
 class GRPOTrainer:
@@ -61,6 +68,11 @@ class GRPOTrainer:
         self.opt = MasterAdamW(self.params, cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
         self.problems_gen = torch.Generator().manual_seed(cfg.seed)
         self.sample_gen = torch.Generator(dev).manual_seed(cfg.seed + 1)
+        if cfg.decode not in DECODE:
+            raise ValueError(f"decode {cfg.decode!r}: expected one of {', '.join(DECODE)}")
+        # one cache and one set of decode graphs for the whole run, as an engine keeps them
+        self.sampler = Sampler(model, cfg.prompts * cfg.group, model.s.max_pos, self.rollout_ops,
+                               graphs=cfg.decode == "graphs", pad=cfg.decode == "padded")
         self.steps = 0
         self.last_rollout: Rollout | None = None  # what the latest step sampled (tests and reports read it)
 
@@ -69,7 +81,8 @@ class GRPOTrainer:
         cfg = self.cfg
         problems = [p for p in self.task.sample(cfg.prompts, self.problems_gen) for _ in range(cfg.group)]
         prompts = [torch.tensor(self.task.prompt(p), dtype=torch.int32, device=self.m.device) for p in problems]
-        return problems, generate(self.m, prompts, cfg.max_new, self.sample_gen, ops=self.rollout_ops)
+        return problems, generate(self.m, prompts, cfg.max_new, self.sample_gen, ops=self.rollout_ops,
+                                  sampler=self.sampler)
 
     def micro_batches(self, n: int) -> list[range]:
         return [range(lo, min(lo + self.cfg.micro_batch, n)) for lo in range(0, n, self.cfg.micro_batch)]
@@ -131,6 +144,7 @@ class GRPOTrainer:
             "generated_tokens_per_s": generated / total if total else None,
             "tokens_per_s": (generated + sum(roll.prompt_lens)) / total if total else None,
             "decode_steps": roll.decode_steps,
+            "decode": {"mode": cfg.decode, "graphs": self.sampler.steps.graphs, **self.sampler.steps.stats},
             "lengths": {"min": min(roll.lengths), "max": max(roll.lengths), "mean": generated / len(roll.lengths)},
             "reward_mean": float(rewards.mean()), "rewards": rewards.tolist(),
             "loss": upd["loss"], "grad_norm": upd["grad_norm"],
