@@ -142,6 +142,26 @@ def timed(fn, reps: int, device: str) -> float:
     return statistics.median(times)
 
 
+def profile(fn, device: str, top: int = 15) -> list[dict]:
+    """The kernels (or, on the CPU, the ops) that took most device time in one call of fn: where a column's
+    forward + backward goes, for the record."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    fn()  # compiled and warm
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with torch_profile(activities=acts) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
+        if t > 0:
+            rows.append({"name": e.key[:160], "calls": e.count, "self_ms": t / 1e3})
+    return sorted(rows, key=lambda r: -r["self_ms"])[:top]
+
+
 def liger_patch(name: str, model):
     """Liger-Kernel on `model` (RoPE, RMSNorm, SwiGLU; no fused cross-entropy: log-probs are needed), and the
     modeling module whose rotary function it replaces process-wide (so the plain model can be given its own back
@@ -199,6 +219,15 @@ def speed(patched, plain, liger, rotary, args, shape, device) -> dict:
                 models[which].zero_grad(set_to_none=True)
                 fn().sum().backward()
             samples_bwd[which].append(timed(step, max(1, args.reps // 2), device))
+    if args.profile:
+        out["profile"] = {}
+        for which, fn in runs.items():
+            rope_for(which)
+
+            def step(fn=fn, which=which):
+                models[which].zero_grad(set_to_none=True)
+                fn().sum().backward()
+            out["profile"][which] = profile(step, device)
     rope_for("plain")
     for which in runs:
         out["forward_ms"][which] = statistics.median(samples[which])
@@ -254,6 +283,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5, help="timed calls per round")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the models")
     ap.add_argument("--compile-backend", default="inductor")
+    ap.add_argument("--profile", action="store_true",
+                    help="record the top kernels of one forward+backward of each column (torch.profiler)")
     ap.add_argument("--no-liger", action="store_true", help="skip the Liger-Kernel column")
     ap.add_argument("--attention-set", default="", help="a named set of the attention family for the patch")
     ap.add_argument("--seed", type=int, default=0)

@@ -72,9 +72,15 @@ class Arena:
             self.channel.send({**msg, "cuda": True})
         reply = self.channel.recv(timeout=120)
         if not reply.get("ok"):
+            error = str(reply.get("error"))
+            if "OutOfMemoryError" in error:  # the card is full (audits side by side): no sandbox problem
+                e = ArenaError(f"the runner could not make arena chunk {msg['id']} ({self.device}): out of device "
+                               f"memory:\n{error}")
+                e.type_name = "OutOfMemoryError"  # a check shard's case is then rerun in the worker (tik_evo.shards)
+                raise e
             raise ArenaError(f"the runner could not make arena chunk {msg['id']} ({self.device}); if this machine "
                              "keeps CUDA IPC from a confined process, evaluate.sandbox=off runs the audit without "
-                             f"the namespaces and capability drop:\n{reply.get('error')}")
+                             f"the namespaces and capability drop:\n{error}")
         if self.device != "cpu":
             chunk = Chunk(_open_cuda(reply.get("cuda"), nbytes))
         self.chunks.append(chunk)

@@ -65,3 +65,31 @@ def test_the_judge_waits_for_its_arena_copies_before_the_runner_reads_them(monke
     b.send({"ok": True})
     cpu.request({"op": "call"})
     assert events == ["send"]
+
+
+class _Refusing:
+    """A runner's end of the channel that fails to make a chunk with `error`."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+    def send(self, msg, fds=()):
+        pass
+
+    def recv(self, timeout=None):
+        return {"ok": False, "error": self.error}
+
+
+def test_a_full_card_is_out_of_memory_and_other_chunk_failures_are_infrastructure():
+    # Out of memory (audits side by side on one card) lets a check shard's case rerun in the worker; any other
+    # failure to make a chunk stays an infrastructure failure naming the sandbox as the likely cause.
+    from tik_evo.arena import Arena
+    from tik_evo.failure import error_kind
+
+    with pytest.raises(ArenaError) as oom:
+        Arena("cuda", _Refusing("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 256 MiB"))._new_chunk(8)
+    assert oom.value.type_name == "OutOfMemoryError" and "out of device memory" in str(oom.value)
+    with pytest.raises(ArenaError) as other:
+        Arena("cuda", _Refusing("RuntimeError: pidfd_getfd: Operation not permitted"))._new_chunk(8)
+    assert getattr(other.value, "type_name", None) is None and "evaluate.sandbox=off" in str(other.value)
+    assert error_kind(oom.value) == error_kind(other.value) == "infrastructure"

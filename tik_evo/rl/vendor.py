@@ -68,12 +68,27 @@ def _flash(notes: list[str]) -> dict:
     except ImportError as e:
         notes.append(f"varlen flash attention not in this torch ({e!r:.120})")
         return {}
+    import inspect
+
+    # The public wrapper grew its keywords release by release (torch 2.11 has no enable_gqa or seqused_k); the
+    # flash kernels under it take fewer KV heads than query heads in every release, and the aten op has long
+    # taken seqused_k, so decode calls it directly where the wrapper cannot.
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+
+    def gqa(q, k) -> dict:
+        return {"enable_gqa": q.shape[1] != k.shape[1]} if "enable_gqa" in params else {}
 
     def attention_packed(q, k, v, bounds, scale):
         cu = torch.tensor(bounds, device=q.device, dtype=torch.int32)
         longest = max(b - a for a, b in zip(bounds, bounds[1:]))
-        return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, window_size=(-1, 0),
-                           enable_gqa=q.shape[1] != k.shape[1])
+        return varlen_attn(q, k, v, cu, cu, longest, longest, scale=scale, **causal, **gqa(q, k))
+
+    def decode_call(q, k, v, cu_q, cu_k, cap, used, scale):
+        if "seqused_k" in params:
+            return varlen_attn(q, k, v, cu_q, cu_k, 1, cap, scale=scale, seqused_k=used, **gqa(q, k))
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu_q, cu_k, 1, cap, 0.0, False, False, scale=scale,
+                                                       seqused_k=used)[0]
 
     def decode_in_place(q, k_cache, v_cache, live, lens, scale):
         # Every sequence's cache read where it lies ([sequences * capacity] rows), no copy: a finished sequence
@@ -84,16 +99,15 @@ def _flash(notes: list[str]) -> dict:
         used = torch.zeros(b, device=q.device, dtype=torch.int32)
         used[live] = lens.to(torch.int32)
         cu_k = torch.arange(b + 1, device=q.device, dtype=torch.int32) * cap
-        o = varlen_attn(q, k_cache.flatten(0, 1), v_cache.flatten(0, 1), rows.cumsum(0, dtype=torch.int32), cu_k,
-                        1, cap, scale=scale, enable_gqa=q.shape[1] != k_cache.shape[2], seqused_k=used)
+        o = decode_call(q, k_cache.flatten(0, 1), v_cache.flatten(0, 1), rows.cumsum(0, dtype=torch.int32), cu_k,
+                        cap, used, scale)
         return o.reshape(q.shape[0], -1)
 
     def decode_gathered(q, k_cache, v_cache, live, lens, scale):
         n, cap = q.shape[0], k_cache.shape[1]
         kc, vc = (c[live].flatten(0, 1) for c in (k_cache, v_cache))  # the live sequences' caches, packed
         cu_q = torch.arange(n + 1, device=q.device, dtype=torch.int32)
-        o = varlen_attn(q, kc, vc, cu_q, cu_q * cap, 1, cap, scale=scale, enable_gqa=q.shape[1] != kc.shape[1],
-                        seqused_k=lens.to(torch.int32))
+        o = decode_call(q, kc, vc, cu_q, cu_q * cap, cap, lens.to(torch.int32), scale)
         return o.reshape(n, -1)
 
     return {"attention_packed": attention_packed, "attention_decode": [decode_in_place, decode_gathered]}
