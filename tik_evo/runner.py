@@ -239,6 +239,19 @@ class Profile:
         self.compile = {"misses": 0, "hits": 0, "seconds": 0.0}
         self.c_builds = {"count": 0, "seconds": 0.0}
         self.started = time.time()
+        self.cuda_init_s: float | None = None
+
+    def init_cuda(self) -> None:
+        """Make this process's CUDA context now, right after the fork, while the judge prepares its first
+        request (and makes its own): else the first chunk the judge asks for pays for it, after the judge's."""
+        import torch
+
+        t0 = time.time()
+        try:
+            torch.empty(1, device="cuda")
+        except Exception:  # noqa: BLE001 - the first chunk tries again and reports it, with the judge's advice
+            return
+        self.cuda_init_s = time.time() - t0
 
     def op(self, name: str, seconds: float) -> None:
         n = self.ops.setdefault(name, [0, 0.0])
@@ -274,6 +287,7 @@ class Profile:
 
     def to_dict(self) -> dict[str, Any]:
         return {"alive_s": round(time.time() - self.started, 3),
+                "cuda_init_s": None if self.cuda_init_s is None else round(self.cuda_init_s, 3),
                 "ops": {k: [v[0], round(v[1], 3)] for k, v in self.ops.items()},
                 "triton_compile": {**self.compile, "seconds": round(self.compile["seconds"], 3)},
                 "c_builds": {**self.c_builds, "seconds": round(self.c_builds["seconds"], 3)}}
@@ -377,4 +391,6 @@ def main(sock_fd: int, device: str, private: Path, mode: str, hide: list[str], c
     runner = Runner(chan, device, private)
     runner.profile.install()
     chan.send({"ok": True, "pid": os.getpid(), "sandbox": enforced.to_dict()})
+    if device == "cuda":
+        runner.profile.init_cuda()
     serve(runner)
