@@ -104,5 +104,11 @@ def test_arm_a_recomputes_and_arm_c_reuses_the_rollouts_logprobs(monkeypatch):
     # A's old log-probs are a training forward like its update's, so on the CPU its ratios are exactly 1.0.
     assert all(r["ratio_all"]["all_exactly_one"] for r in recs["A"])
     assert [a.name for a in parse_arms("A, C")] == ["A", "C"]
+    # Extra end tokens (throughput runs of random models): the vocabulary's last ids past the task's symbols.
+    t = trainer("A", cfg=replace(CFG, end_fraction=0.25))
+    assert t.ends == {EOS, 14, 15}
+    t.step()
+    last = [int(c[-1]) for c in t.last_rollout.completions if len(c) < CFG.max_new]
+    assert last and set(last) <= t.ends and set(last) - {EOS}  # some ended on an extra end token
     with pytest.raises(ValueError, match="subset of A, B, C"):
         parse_arms("A,D")

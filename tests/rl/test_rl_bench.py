@@ -35,4 +35,6 @@ def test_runner_refuses_bad_arguments(tmp_path, capsys):
     assert "model 'gpt'" in capsys.readouterr().out
     assert bench.main(["--set", "attention=nosuchset", "--device", "cpu", "--out", out]) == 2
     assert "nosuchset" in capsys.readouterr().out
+    assert bench.main(["--end-fraction", "1.5", "--device", "cpu", "--out", out]) == 2
+    assert "--end-fraction 1.5" in capsys.readouterr().out
     assert not (tmp_path / "x.json").exists()

@@ -152,9 +152,10 @@ class Sampler:
 
 
 def generate(m, prompts: list[torch.Tensor], max_new: int, generator: torch.Generator, ops=None,
-             eos: int = EOS, sampler: Sampler | None = None) -> Rollout:
+             eos: int | frozenset[int] = EOS, sampler: Sampler | None = None) -> Rollout:
     """Sample up to `max_new` tokens after each prompt (int32 tensors on the model's device) with the model's
-    temperature, on the kernels (`ops` None) or through `ops`; a sequence stops after sampling `eos`. `sampler`:
+    temperature, on the kernels (`ops` None) or through `ops`; a sequence stops after sampling `eos` (a token
+    or a set of them). `sampler`:
     the cache and decode steps to use (kept by the caller between rollouts); None: a fresh one, decoded eagerly."""
     plens = [int(p.numel()) for p in prompts]
     if max_new < 1 or not prompts or min(plens) < 1 or max(plens) + max_new > m.s.max_pos:
@@ -174,6 +175,7 @@ def generate(m, prompts: list[torch.Tensor], max_new: int, generator: torch.Gene
 
 def _generate(m, prompts, plens, max_new, generator, sampler: Sampler, eos) -> Rollout:
     dev, n = m.device, len(prompts)
+    ends = frozenset([eos]) if isinstance(eos, int) else frozenset(eos)
     tokens = torch.zeros((n, max_new), device=dev, dtype=torch.int32)  # row b: completion b's tokens so far
     logprobs = torch.zeros((n, max_new), device=dev, dtype=torch.float32)
     lengths = [0] * n
@@ -192,7 +194,7 @@ def _generate(m, prompts, plens, max_new, generator, sampler: Sampler, eos) -> R
             lengths[b] += 1
         # A sequence goes on unless it sampled EOS or holds max_new tokens (a host sync per step: the batch
         # shrinks, as an engine's does).
-        live_tok = [(b, t) for b, t in zip(live, tok.tolist()) if t != eos and lengths[b] < max_new]
+        live_tok = [(b, t) for b, t in zip(live, tok.tolist()) if t not in ends and lengths[b] < max_new]
         if not live_tok:
             break
         live = [b for b, _ in live_tok]

@@ -26,7 +26,7 @@ from tik_evo.rl.arms import Arm, arm_ops
 from tik_evo.rl.loss import CLIP, ppo_clip_loss, ratio_stats
 from tik_evo.rl.optim import MasterAdamW, PhaseTimer
 from tik_evo.rl.rollout import Rollout, Sampler, generate
-from tik_evo.rl.task import AdditionTask, reward
+from tik_evo.rl.task import EOS, SYMBOLS, AdditionTask, reward
 
 PHASES = ("rollout", "recompute", "update", "other")
 
@@ -49,6 +49,10 @@ class GRPOConfig:
     # elsewhere), "eager" (every step launched, the batch exactly the live sequences), "padded" (eager, padded as
     # for graphs: what a graph replays, checkable on the CPU)
     decode: str = "graphs"
+    # a share of the vocabulary (its last ids) that also ends a completion, besides EOS: throughput runs of
+    # random-weight models, which almost never sample EOS out of a large vocabulary, then get completions of
+    # different lengths, as trained models give (their rewards mean nothing)
+    end_fraction: float = 0.0
 
 
 class GRPOTrainer:
@@ -68,6 +72,10 @@ class GRPOTrainer:
         self.opt = MasterAdamW(self.params, cfg.lr, weight_decay=cfg.weight_decay, max_grad_norm=cfg.max_grad_norm)
         self.problems_gen = torch.Generator().manual_seed(cfg.seed)
         self.sample_gen = torch.Generator(dev).manual_seed(cfg.seed + 1)
+        if not 0.0 <= cfg.end_fraction < 1.0:
+            raise ValueError(f"end_fraction {cfg.end_fraction}: expected a share of the vocabulary in [0, 1)")
+        vocab = model.s.vocab  # the extra end ids lie past the task's symbols: an answer never ends by itself
+        self.ends = frozenset([EOS, *range(max(len(SYMBOLS), vocab - int(vocab * cfg.end_fraction)), vocab)])
         if cfg.decode not in DECODE:
             raise ValueError(f"decode {cfg.decode!r}: expected one of {', '.join(DECODE)}")
         # one cache and one set of decode graphs for the whole run, as an engine keeps them
@@ -82,7 +90,7 @@ class GRPOTrainer:
         problems = [p for p in self.task.sample(cfg.prompts, self.problems_gen) for _ in range(cfg.group)]
         prompts = [torch.tensor(self.task.prompt(p), dtype=torch.int32, device=self.m.device) for p in problems]
         return problems, generate(self.m, prompts, cfg.max_new, self.sample_gen, ops=self.rollout_ops,
-                                  sampler=self.sampler)
+                                  eos=self.ends, sampler=self.sampler)
 
     def micro_batches(self, n: int) -> list[range]:
         return [range(lo, min(lo + self.cfg.micro_batch, n)) for lo in range(0, n, self.cfg.micro_batch)]
