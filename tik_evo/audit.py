@@ -53,6 +53,7 @@ class AuditJob:
     ancestors: list[str] = field(default_factory=list)  # source hashes whose compiled kernels it may reuse
     time: bool = True
     slot: int = 0  # which of the concurrent audits this is: each slot has its own executor (fork server)
+    screen: dict[str, Any] | None = None  # the screen's reference (tik_evo.screen.spec), for a timed audit
 
     def worker_job(self, run_dir: Path, result_path: Path) -> WorkerJob:
         # The best goes only where it is timed, as the IR holds it (never a file a candidate could have rewritten).
@@ -62,7 +63,8 @@ class AuditJob:
                          best_source=self.best_source if best else None,
                          best_hash=self.best_source_hash if best else None,
                          ancestors=[h for h in self.ancestors if h != self.source_hash],
-                         bench_seed=1000 + self.seeds[0], time=self.time)
+                         bench_seed=1000 + self.seeds[0], time=self.time,
+                         screen=self.screen if self.time else None)
 
 
 def source_file(run_dir: Path, source_hash: str, text: str) -> Path:

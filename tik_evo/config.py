@@ -117,6 +117,12 @@ class EvaluateConfig:
     rounds: int = 5  # timed regions per workload, each on fresh inputs with its outputs checked (GPU)
     repeat_calls: int = 100  # repetitions of each entry point's first call, compared bit for bit (GPU)
     interpreter_repeat_calls: int = 2  # the same under the CPU interpreter (each call takes seconds there)
+    # Screen: time an offspring right after the small checks and stop its audit there (kind "screened", never a
+    # parent) when its objective is worse than the best's by more than screen_margin, or a workload is over its
+    # slowdown limit by more than that; the rest (most of an audit: the full checks) is audited only for the
+    # others. Off: every offspring gets every check.
+    screen: bool = False
+    screen_margin: float = 0.05
 
 
 @dataclass
@@ -325,6 +331,8 @@ def _validate(cfg: DictConfig, path: Path) -> None:
     if cfg.evaluate.in_flight < 1:
         raise ConfigError(f"{path}: key 'evaluate.in_flight': {cfg.evaluate.in_flight}: must be at least 1")
     _choice(cfg.evaluate.warm, ("auto", "on", "off"), "evaluate.warm", path)
+    if not 0.0 <= cfg.evaluate.screen_margin < 1.0:
+        raise ConfigError(f"{path}: key 'evaluate.screen_margin': {cfg.evaluate.screen_margin}: a fraction in [0, 1)")
     cap = list(cfg.evaluate.warm_capability)
     if cap and (len(cap) != 2 or any(c < 0 for c in cap)):
         raise ConfigError(f"{path}: key 'evaluate.warm_capability': {cap}: [major, minor] (e.g. [9, 0]) or []")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
-from tik_evo import lineage
+from tik_evo import lineage, screen
 from tik_evo.action import Actor, Choice
 from tik_evo.audit import AuditJob, AuditOutcome, audit_slots, close_executors, run_audit, static_scan
 from tik_evo.family import Family
@@ -204,15 +204,23 @@ class Search:
                 impl_id = pending.reserved = txn.new_id("I")
         best = self.store.get(st.best)
         best_source = self.store.source(best.source_hash)  # from the IR: the judge times exactly this text
+        gpu = audit_slots(self.cfg.evaluate, self.device)[0] if slot is None else slot[1]
         pending.job = AuditJob(
             self.family, proposal.source, h, impl_id, self.workloads, list(self.cfg.correctness.seeds),
-            OmegaConf.to_container(self.cfg.evaluate), self.device,
-            audit_slots(self.cfg.evaluate, self.device)[0] if slot is None else slot[1],
+            OmegaConf.to_container(self.cfg.evaluate), self.device, gpu,
             best.source_hash if self.cfg.evaluate.retime_best else None,
             best_source if self.cfg.evaluate.retime_best else None,
             lineage.ancestors(self.store.get, [choice.parent, *proposal.parents]),
-            slot=0 if slot is None else slot[0])
+            slot=0 if slot is None else slot[0], screen=self._screen_ref(st, gpu))
         return pending
+
+    def _screen_ref(self, st, gpu) -> dict | None:
+        """evaluate.screen's reference for an audit on ``gpu``: the best's objective, the limits, the root's times."""
+        if not self.cfg.evaluate.screen or not st.best_objective or not st.weights:
+            return None
+        root = lineage.root_latencies(st, gpu if self.device == "cuda" else None)
+        return screen.spec(st.weights, root, st.limits, self.cfg.objective.normalize, st.best_objective,
+                           self.cfg.evaluate.screen_margin)
 
     def finish(self, pending: Pending, outcome: AuditOutcome | None, wall_s: float) -> None:
         """Record the step (action, offspring, audit, decisions, state) in one transaction; tell the sampler."""
@@ -255,6 +263,10 @@ class Search:
             proposal.follow_ups += self.actor.after_audit(choice, proposal, verdict)
         self._use_opportunity(txn, choice.opportunity, proposal, audit.id)
         value = None if failed else trial_value(verdict.objective, verdict.best_objective)
+        if audit.failure_kind == screen.SCREENED and outcome.measurements:
+            # Screened: not a verdict on its correctness, and its timings are known; the sampler learns from them.
+            verdict = lineage.judge(True, outcome.measurements, {}, st, self.cfg, gpu)
+            value = trial_value(verdict.objective, verdict.best_objective) if verdict.objective else None
         if value is not None and verdict.limits:
             pending.overshoot = lineage.overshoot(verdict.limits)
             action.params["_overshoot"] = pending.overshoot

@@ -62,28 +62,49 @@ class Shard:
     cases: list[int]
     result: Path
     log: Path
+    gate: int = -1  # the write end of the shard's gate (`gated` shards wait for `release` before their cases)
 
 
 def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path, notes_below: int = 0,
-          fresh_from: int | None = None) -> list[Shard]:
+          fresh_from: int | None = None, gated: bool = False) -> list[Shard]:
     """Fork one process per share of ``all_cases``; each starts a runner of its own for the candidate. Call
     before anything initialises CUDA. ``notes_below``: note the calls of cases below it (tik_evo.warm);
-    ``fresh_from``: the first drawn case (see `deal`)."""
+    ``fresh_from``: the first drawn case (see `deal`); ``gated``: each shard starts its runner, then waits for
+    `release` before its first case (nothing of it runs on the GPU while the judge screens the candidate)."""
     out = []
     for i, cases in enumerate(deal(len(all_cases), shards, fresh_from)):
         result, log = work / f"shard{i}.json", work / f"shard{i}.log"
         result.unlink(missing_ok=True)
+        read_end, write_end = os.pipe() if gated else (-1, -1)
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
-            _child(job, all_cases, cases, result, log, notes_below)
-        out.append(Shard(pid, cases, result, log))
+            if gated:  # this shard's and the earlier shards' write ends belong to the judge alone
+                for fd in (write_end, *(s.gate for s in out)):
+                    os.close(fd)
+            _child(job, all_cases, cases, result, log, notes_below, read_end)
+        if gated:
+            os.close(read_end)
+        out.append(Shard(pid, cases, result, log, write_end))
     return out
+
+
+def release(shards: list[Shard]) -> None:
+    """Let gated shards start their cases."""
+    for s in shards:
+        if s.gate >= 0:
+            os.write(s.gate, b"1")
+            os.close(s.gate)
+            s.gate = -1
 
 
 def stop(shards: list[Shard]) -> None:
     """Kill and reap the shards not yet collected (the small stage failed: the full stage will not run)."""
+    for s in shards:
+        if s.gate >= 0:
+            os.close(s.gate)
+            s.gate = -1
     live = [s for s in shards if s.pid]
     for s in live:
         try:
@@ -143,15 +164,16 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
 
 
 def _child(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path,
-           notes_below: int) -> None:
+           notes_below: int, gate: int = -1) -> None:
     die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
-    forked_child(log, lambda: run(job, all_cases, cases, result, notes_below))
+    forked_child(log, lambda: run(job, all_cases, cases, result, notes_below, gate))
 
 
-def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, notes_below: int = 0
-        ) -> None:
+def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, notes_below: int = 0,
+        gate: int = -1) -> None:
     """A shard's work: its cases at the "full" level, every seed, on a runner of its own; the result file
-    rewritten after each case."""
+    rewritten after each case. ``gate``: a pipe to wait on before the first case (EOF without a byte: the judge
+    stopped the audit there, and the shard exits)."""
     from tik_evo import sandbox
     from tik_evo.families import load_family
     from tik_evo.remote import CandidateError, Runner, connect
@@ -168,6 +190,11 @@ def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], resul
         data["error"] = {"case": cases[0], "text": str(e), "kind": error_kind(e), "type": e.type_name}
         _write(result, data)
         return
+    if gate >= 0:
+        go = os.read(gate, 1)
+        os.close(gate)
+        if not go:
+            return
     if notes_below:
         from tik_evo.warm import Notes
 

@@ -181,8 +181,9 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
     phases["judge_started_at"] = t0
     # Every process that runs candidate code forks now, before this process touches CUDA.
     procs = shards.count(int(job.evaluate.get("check_procs", 0)), len(cases))
+    screening = bool(job.screen) and job.time
     forked = shards.start(job, cases, procs, Path(job.result_path).parent, notes_below,
-                          fresh_from=n_fixed) if procs > 1 else []
+                          fresh_from=n_fixed, gated=screening) if procs > 1 else []
     best = None
     try:
         runner = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
@@ -210,6 +211,12 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
         t0 = time.time()
         checks: list = []
         first = 0
+        if level == "full" and screening:
+            if not _screen(job, family, impl, runner, res, secret, device):
+                shards.stop(forked)
+                return
+            shards.release(forked)
+            t0 = time.time()
         if level == "full" and forked:
             got = shards.collect(forked, len(cases))
             phases["shard_runners"] = got.profiles
@@ -287,6 +294,25 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
     if impl.notes is not None:
         impl.notes.paused = False
         impl.notes.write(Path(job.run_dir), res.data["device"].get("capability"))
+
+
+def _screen(job: WorkerJob, family, impl, runner, res: Result, secret: random.Random, device: str) -> bool:
+    """The screen (tik_evo.screen): the candidate timed as the timing stage times it, its timed outputs checked,
+    then compared with the job's reference. False: the audit stops here (the stage records why)."""
+    from tik_evo import judge_stages as judged
+    from tik_evo import screen
+
+    t0 = time.time()
+    try:
+        found = judged.time_candidate(family, impl, runner, job, res, secret, device)
+    except Exception as e:
+        res.stage("screen", False, t0, impl.take_checks(summary=False), error=_trace(e), kind=error_kind(e))
+        return False
+    if not all(c.passed for c in found):
+        return res.stage("screen", False, t0, found, kind=_failed_kind(found))
+    ok, why = screen.decide(res.data["measurements"], job.screen)
+    res.data["screen"] = {"passed": ok, "why": why}
+    return res.stage("screen", ok, t0, found, error="" if ok else why, kind="" if ok else screen.SCREENED)
 
 
 def _done(res: Result) -> None:

@@ -31,6 +31,7 @@ class WorkerJob:
     ancestors: list[str] = field(default_factory=list)  # source hashes whose compiled kernels the runner may read
     bench_seed: int = 0  # recorded with the job; timing inputs come from a secret seed the judge draws
     time: bool = True  # run the timing stages (False: checks only)
+    screen: dict[str, Any] | None = None  # evaluate.screen's reference (tik_evo.screen.spec), None: no screen
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
