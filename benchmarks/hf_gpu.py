@@ -29,6 +29,7 @@ import statistics
 import sys
 import time
 import traceback
+from functools import partial
 
 if "--smoke" in sys.argv:  # the interpreter must be chosen before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -325,9 +326,9 @@ def main(argv=None) -> int:
                 liger = None
         entry = {"shape": shape, "liger": note}
         result["models"][name] = entry
-        for part, fn in (("bits", lambda: bits(patched, plain, args, shape, device)),
-                         ("speed", lambda: speed(patched, plain, liger, rotary, args, shape, device)),
-                         ("compile", lambda: compiled(patched, args, shape, device))):
+        for part, fn in (("bits", partial(bits, patched, plain, args, shape, device)),
+                         ("speed", partial(speed, patched, plain, liger, rotary, args, shape, device)),
+                         ("compile", partial(compiled, patched, args, shape, device))):
             try:
                 entry[part] = fn()
             except Exception as e:  # noqa: BLE001 - recorded; the other parts and models still run

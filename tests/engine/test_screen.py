@@ -14,8 +14,8 @@ ROOT_S = {"full": 1.0, "decode": 1.0}
 
 
 def ref(best_objective: float, limits=None) -> dict:
-    return screen.spec({"full": 0.5, "decode": 0.5}, ROOT_S, limits or {"full": {"limit": 1e9}, "decode": {"limit": 1e9}},
-                       True, best_objective, 0.05)
+    limits = limits or {"full": {"limit": 1e9}, "decode": {"limit": 1e9}}
+    return screen.spec({"full": 0.5, "decode": 0.5}, ROOT_S, limits, True, best_objective, 0.05)
 
 
 def test_decide_screens_what_cannot_be_the_best_and_passes_the_rest():
