@@ -112,3 +112,23 @@ def test_arm_a_recomputes_and_arm_c_reuses_the_rollouts_logprobs(monkeypatch):
     assert last and set(last) <= t.ends and set(last) - {EOS}  # some ended on an extra end token
     with pytest.raises(ValueError, match="subset of A, B, C"):
         parse_arms("A,D")
+
+
+def test_stale_rollouts_reuse_the_behaviour_log_probs_bit_for_bit():
+    # Staleness 1: the second step's batch is sampled by the weights before the first update. Arm B's recorded
+    # log-probs equal a training forward of those behaviour weights in every bit (so the decoupled objective's
+    # importance weights need no recompute pass), while the policy being updated has moved on.
+    t = trainer("B", cfg=replace(CFG, staleness=1))
+    start = snapshot(t)
+    first = t.step()
+    assert first["staleness"] == 1 and first["behaviour_weight_first_micro_batch"]["all_exactly_one"]
+    second = t.step()
+    assert second["ratio_first_micro_batch"]["all_exactly_one"]  # one optimizer step: proximal = current
+    assert all(torch.equal(a, b) for a, b in zip(t.behaviour.parameters(), start))  # sampled by the old weights
+    roll = t.last_rollout
+    with torch.no_grad():
+        behaviour = t.behaviour.training_logprobs(roll.seqs, roll.prompt_lens)
+        current = t.m.training_logprobs(roll.seqs, roll.prompt_lens)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(behaviour, roll.logprobs))
+    assert any(not torch.equal(a, b) for a, b in zip(current, roll.logprobs))
+    assert not second["behaviour_weight_first_micro_batch"]["all_exactly_one"]

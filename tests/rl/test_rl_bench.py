@@ -37,4 +37,6 @@ def test_runner_refuses_bad_arguments(tmp_path, capsys):
     assert "nosuchset" in capsys.readouterr().out
     assert bench.main(["--end-fraction", "1.5", "--device", "cpu", "--out", out]) == 2
     assert "--end-fraction 1.5" in capsys.readouterr().out
+    assert bench.main(["--staleness", "-1", "--device", "cpu", "--out", out]) == 2
+    assert "--staleness -1" in capsys.readouterr().out
     assert not (tmp_path / "x.json").exists()

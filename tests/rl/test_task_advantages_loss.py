@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tik_evo.rl.advantages import group_advantages, token_advantages
-from tik_evo.rl.loss import ppo_clip_loss, ratio_stats
+from tik_evo.rl.loss import decoupled_ppo_loss, ppo_clip_loss, ratio_stats
 from tik_evo.rl.task import EOS, PAD, AdditionTask, Problem, decode, encode, reward
 
 
@@ -86,3 +86,23 @@ def test_ratio_stats():
     # one ulp off 1.0 is not exactly one
     assert not ratio_stats(torch.tensor([1.0, float(torch.nextafter(torch.tensor(1.0), torch.tensor(2.0)))])
                            )["all_exactly_one"]
+
+
+def test_decoupled_loss_by_hand():
+    # Behaviour log-probs equal to the new ones: weights 1, the plain PPO-clip loss and gradient. Otherwise each
+    # token's surrogate is scaled by exp(new - behaviour), truncated at the cap, and the weight carries no gradient.
+    adv = torch.tensor([1.0, -2.0, 0.5])
+    new = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    loss, ratio, weight = decoupled_ppo_loss(new, new.detach().clone(), adv, batch_tokens=4)
+    plain, _ = ppo_clip_loss(new, new.detach().clone(), adv, batch_tokens=4)
+    assert torch.equal(weight, torch.ones(3)) and torch.equal(ratio, torch.ones(3)) and loss.item() == plain.item()
+    (g,) = torch.autograd.grad(loss, new)
+    assert torch.allclose(g, -adv / 4)
+    behaviour = torch.tensor([-1.0 - math.log(2.0), -2.0 + math.log(2.0), -0.5 - 10.0])
+    loss, _, weight = decoupled_ppo_loss(new, behaviour, adv, batch_tokens=4, cap=5.0)
+    assert torch.allclose(weight, torch.tensor([2.0, 0.5, 5.0]))
+    (g,) = torch.autograd.grad(loss, new)
+    assert torch.allclose(g, -weight * adv / 4) and math.isclose(loss.item(), -(weight * adv).sum().item() / 4,
+                                                                rel_tol=1e-6)
+    with pytest.raises(ValueError, match="three 1-D tensors"):
+        decoupled_ppo_loss(new, behaviour[:2], adv, 4)

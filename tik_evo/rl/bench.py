@@ -39,6 +39,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-new", type=int, default=None, help="longest answer (default: a correct answer's length)")
     ap.add_argument("--decode", choices=("graphs", "eager", "padded"), default="graphs",
                     help="decode steps: CUDA graphs over padded batch buckets (a GPU), eager, or padded eager")
+    ap.add_argument("--staleness", type=int, default=0,
+                    help="rollouts from the weights of this many updates ago (decoupled PPO objective)")
     ap.add_argument("--end-fraction", type=float, default=0.0,
                     help="share of the vocabulary that also ends a completion (random-weight throughput runs)")
     ap.add_argument("--micro-batch", type=int, default=8, help="sequences per packed training forward")
@@ -99,11 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     if model_shape.vocab < 14:
         print(f"error: {args.model} has {model_shape.vocab} tokens, fewer than the task's 14")
         return 2
+    if args.staleness < 0:
+        print(f"error: --staleness {args.staleness}: 0 or more updates")
+        return 2
     if not 0.0 <= args.end_fraction < 1.0:
         print(f"error: --end-fraction {args.end_fraction}: a share of the vocabulary in [0, 1)")
         return 2
     cfg = GRPOConfig(prompts=args.prompts, group=args.group, max_new=max_new, micro_batch=args.micro_batch,
-                     lr=args.lr, seed=args.seed, decode=args.decode, end_fraction=args.end_fraction)
+                     lr=args.lr, seed=args.seed, decode=args.decode, end_fraction=args.end_fraction,
+                     staleness=args.staleness)
 
     def build(arm):
         m = MoEDecoder(model_shape, args.seed, device, impls=impls if arm.kernels else None,

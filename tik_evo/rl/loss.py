@@ -30,6 +30,30 @@ def ppo_clip_loss(new: torch.Tensor, old: torch.Tensor, advantages: torch.Tensor
     return -surrogate.sum() / batch_tokens, ratio.detach()
 
 
+IS_CAP = 5.0  # the behaviour importance weight's truncation (stale rollouts)
+
+
+def decoupled_ppo_loss(new: torch.Tensor, behaviour: torch.Tensor, advantages: torch.Tensor, batch_tokens: int,
+                       clip: float = CLIP, cap: float = IS_CAP) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's decoupled objective for stale rollouts (AReaL): the clip is taken against the proximal policy and
+    the gap between it and the behaviour policy that sampled the tokens is an importance weight,
+
+        r_t = exp(l_t - p_t),  w_t = min(exp(p_t - b_t), cap),  loss_t = -w_t min(r_t A_t, clip(r_t) A_t)
+
+    with b_t the behaviour log-probs and p_t the proximal policy's. With one optimizer step per batch (this
+    trainer) the proximal policy is the policy being updated, so p_t is l_t detached and needs no forward of its
+    own; b_t is what the rollout recorded (arm B: bit for bit a training forward of the behaviour weights) or its
+    recomputation. -> (the micro-batch's share of the batch's token-mean loss, r_t, w_t), both detached."""
+    if not new.shape == behaviour.shape == advantages.shape or new.dim() != 1:
+        raise ValueError(f"decoupled_ppo_loss: new {tuple(new.shape)}, behaviour {tuple(behaviour.shape)}, "
+                         f"advantages {tuple(advantages.shape)}: expected three 1-D tensors of one length")
+    prox = new.detach()
+    ratio = torch.exp(new - prox)
+    weight = torch.exp(prox - behaviour.detach()).clamp(max=cap)
+    surrogate = torch.minimum(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    return -(weight * surrogate).sum() / batch_tokens, ratio.detach(), weight
+
+
 def ratio_stats(ratio: torch.Tensor, clip: float = CLIP) -> dict:
     """What the report says of a micro-batch's ratios: whether every one is exactly 1.0 (bit for bit: the old and
     new log-probs were equal), how many are not, the distribution of |r - 1| and the clipped fraction."""

@@ -1,18 +1,24 @@
-"""One GRPO step, synchronous (staleness 0): the rollout samples from the weights the last update wrote.
+"""One GRPO step: the rollout samples from the weights the last update wrote (staleness 0) or from those of
+`staleness` updates ago (a rollout engine behind by as many weight syncs, as in asynchronous RL systems).
 
+    other      (stale mode) the rollout model gets the behaviour weights
     rollout    prompts (each `group` times) -> completions with temperature, log-probs recorded at sampling
     other      reward per completion -> group-normalised advantages -> packed micro-batches
-    recompute  (arm A only) old log-probs by a training forward of each micro-batch, no gradient
-    update     per micro-batch: training forward with autograd -> PPO-clip loss (batch token-mean) -> backward;
-               then one AdamW step on fp32 masters, written back into the model's bf16 weights in place
+    recompute  (arm A only) old log-probs by a training forward of each micro-batch, no gradient, with the weights
+               that sampled the batch
+    update     per micro-batch: training forward with autograd -> PPO-clip loss (stale mode: the decoupled
+               objective, loss.py) -> backward; then one AdamW step on fp32 masters, written back into the
+               model's bf16 weights in place
 
-Which log-probs are reused: in this synchronous mode the policy that sampled a batch is the one being updated, so
-the old log-probs are the current policy's log-probs of the sampled tokens. Arm B takes them from the rollout
-(recorded at sampling, on the kernels' decode path): the training forward reproduces them bit for bit, so
-every ratio of the (single) update is exactly 1.0, and the recompute pass is skipped. Arm A recomputes them with a
-training forward (its rollout's differ in some bits); arm C reuses its rollout's anyway. With staleness > 0
-(rollouts from an earlier snapshot, not built yet) the rollout's log-probs are the behaviour policy's, which the
-decoupled objective still needs; the proximal policy's would have to be recomputed by every arm.
+Which log-probs are reused. Synchronous: the policy that sampled a batch is the one being updated, so the old
+log-probs are the current policy's log-probs of the sampled tokens. Arm B takes them from the rollout (recorded
+at sampling, on the kernels' decode path): the training forward reproduces them bit for bit, so every ratio of the
+(single) update is exactly 1.0, and the recompute pass is skipped. Arm A recomputes them with a training forward
+(its rollout's differ in some bits); arm C reuses its rollout's anyway. Stale: the rollout's log-probs are the
+behaviour policy's, which the decoupled objective needs for its importance weights; arm B reuses them (they equal a
+training forward of the behaviour weights bit for bit), arm A recomputes them with those weights, arm C reuses its
+mismatched ones. The proximal policy's log-probs are the update's own forward, detached (one optimizer step per
+batch), so no arm pays a pass for them; with several optimizer steps per batch every arm would.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 
 from tik_evo.rl.advantages import group_advantages, token_advantages
 from tik_evo.rl.arms import Arm, arm_ops
-from tik_evo.rl.loss import CLIP, ppo_clip_loss, ratio_stats
+from tik_evo.rl.loss import CLIP, decoupled_ppo_loss, ppo_clip_loss, ratio_stats
 from tik_evo.rl.optim import MasterAdamW, PhaseTimer
 from tik_evo.rl.rollout import Rollout, Sampler, generate
 from tik_evo.rl.task import EOS, SYMBOLS, AdditionTask, reward
@@ -53,6 +59,9 @@ class GRPOConfig:
     # random-weight models, which almost never sample EOS out of a large vocabulary, then get completions of
     # different lengths, as trained models give (their rewards mean nothing)
     end_fraction: float = 0.0
+    # rollouts sampled by the weights of `staleness` updates ago (0: the latest; 1-2: as an asynchronous system
+    # with a rollout engine one or two weight syncs behind), trained with PPO's decoupled objective (loss.py)
+    staleness: int = 0
 
 
 class GRPOTrainer:
@@ -78,8 +87,18 @@ class GRPOTrainer:
         self.ends = frozenset([EOS, *range(max(len(SYMBOLS), vocab - int(vocab * cfg.end_fraction)), vocab)])
         if cfg.decode not in DECODE:
             raise ValueError(f"decode {cfg.decode!r}: expected one of {', '.join(DECODE)}")
+        if cfg.staleness < 0:
+            raise ValueError(f"staleness {cfg.staleness}: expected 0 or more updates")
+        # Stale rollouts: a second copy of the model, the rollout engine's, given the weights of `staleness`
+        # updates ago before each rollout (in place, so its decode graphs stay valid).
+        self.behaviour = model if not cfg.staleness else type(model)(
+            model.s, cfg.seed, dev, impls=model.k, temperature=model.temperature,
+            grouped_experts=getattr(model, "grouped", True) or not model.s.experts)
+        # the weights before the next update and after each of the `staleness` updates before it, oldest first:
+        # the oldest samples the next rollout
+        self.snapshots: list[list[torch.Tensor]] = []
         # one cache and one set of decode graphs for the whole run, as an engine keeps them
-        self.sampler = Sampler(model, cfg.prompts * cfg.group, model.s.max_pos, self.rollout_ops,
+        self.sampler = Sampler(self.behaviour, cfg.prompts * cfg.group, model.s.max_pos, self.rollout_ops,
                                graphs=cfg.decode == "graphs", pad=cfg.decode == "padded")
         self.steps = 0
         self.last_rollout: Rollout | None = None  # what the latest step sampled (tests and reports read it)
@@ -89,29 +108,55 @@ class GRPOTrainer:
         cfg = self.cfg
         problems = [p for p in self.task.sample(cfg.prompts, self.problems_gen) for _ in range(cfg.group)]
         prompts = [torch.tensor(self.task.prompt(p), dtype=torch.int32, device=self.m.device) for p in problems]
-        return problems, generate(self.m, prompts, cfg.max_new, self.sample_gen, ops=self.rollout_ops,
+        return problems, generate(self.behaviour, prompts, cfg.max_new, self.sample_gen, ops=self.rollout_ops,
                                   eos=self.ends, sampler=self.sampler)
+
+    def sync(self) -> None:
+        """Stale mode: the rollout model gets the weights of `staleness` updates ago (the oldest kept; early in a
+        run, the weights it started from)."""
+        if not self.cfg.staleness:
+            return
+        if not self.snapshots:  # the first step: the weights GRPO starts from (after any supervised warm-up)
+            self.snapshots.append([p.detach().clone() for p in self.params])
+        with torch.no_grad():
+            for dst, src in zip(self.behaviour.parameters(), self.snapshots[0]):
+                dst.copy_(src)
+
+    def snapshot(self) -> None:
+        """After an update: keep its weights for the rollout `staleness` steps later."""
+        if self.cfg.staleness:
+            self.snapshots.append([p.detach().clone() for p in self.params])
+            del self.snapshots[: max(0, len(self.snapshots) - self.cfg.staleness - 1)]
 
     def micro_batches(self, n: int) -> list[range]:
         return [range(lo, min(lo + self.cfg.micro_batch, n)) for lo in range(0, n, self.cfg.micro_batch)]
 
-    def logprobs(self, roll: Rollout, mb: range) -> torch.Tensor:
-        """The training forward of one packed micro-batch: its completions' log-probs, concatenated."""
+    def logprobs(self, roll: Rollout, mb: range, model=None) -> torch.Tensor:
+        """The training forward of one packed micro-batch (on `model`, default the policy being updated): its
+        completions' log-probs, concatenated."""
         seqs, plens = roll.seqs, roll.prompt_lens
-        return torch.cat(self.m.policy_logprobs([seqs[i] for i in mb], [plens[i] for i in mb], ops=self.train_ops))
+        return torch.cat((model or self.m).policy_logprobs([seqs[i] for i in mb], [plens[i] for i in mb],
+                                                           ops=self.train_ops))
 
     def recompute(self, roll: Rollout, mbs: list[range]) -> list[torch.Tensor]:
+        """The old log-probs by a training forward of the policy that sampled the batch (the rollout model's
+        weights: the current ones, or with staleness the behaviour weights)."""
         with torch.no_grad():
-            return [self.logprobs(roll, mb) for mb in mbs]
+            return [self.logprobs(roll, mb, self.behaviour) for mb in mbs]
 
     def update(self, roll: Rollout, mbs: list[range], old: list[torch.Tensor], adv: torch.Tensor) -> dict:
         n_tokens = sum(roll.lengths)
-        loss_total, ratios = 0.0, []
+        loss_total, ratios, weights = 0.0, [], []
         for p in self.params:
             p.requires_grad_(True)
         try:
             for mb, old_mb, adv_mb in zip(mbs, old, adv):
-                loss, ratio = ppo_clip_loss(self.logprobs(roll, mb), old_mb, adv_mb, n_tokens, self.cfg.clip)
+                new = self.logprobs(roll, mb)
+                if self.cfg.staleness:
+                    loss, ratio, weight = decoupled_ppo_loss(new, old_mb, adv_mb, n_tokens, self.cfg.clip)
+                    weights.append(weight)
+                else:
+                    loss, ratio = ppo_clip_loss(new, old_mb, adv_mb, n_tokens, self.cfg.clip)
                 loss.backward()
                 loss_total += float(loss.detach())
                 ratios.append(ratio)
@@ -119,7 +164,8 @@ class GRPOTrainer:
             for p in self.params:
                 p.requires_grad_(False)
         grad_norm = self.opt.step()
-        return {"loss": loss_total, "grad_norm": grad_norm, "ratios": ratios}
+        self.snapshot()
+        return {"loss": loss_total, "grad_norm": grad_norm, "ratios": ratios, "weights": weights}
 
     # -- one step --------------------------------------------------------------------------------------------
     def step(self) -> dict:
@@ -129,6 +175,8 @@ class GRPOTrainer:
             torch.cuda.reset_peak_memory_stats()
         resident = torch.cuda.memory_allocated() if cuda else 0
         timer = PhaseTimer(self.m.device)
+        with timer("other"):
+            self.sync()
         with timer("rollout"):
             problems, roll = self.rollout()
         with timer("other"):
@@ -158,6 +206,9 @@ class GRPOTrainer:
             "loss": upd["loss"], "grad_norm": upd["grad_norm"],
             "ratio_first_micro_batch": ratio_stats(upd["ratios"][0], cfg.clip),
             "ratio_all": ratio_stats(torch.cat(upd["ratios"]), cfg.clip),
+            "staleness": cfg.staleness,
+            # stale rollouts: the behaviour importance weights exp(proximal - behaviour) of the first micro-batch
+            "behaviour_weight_first_micro_batch": ratio_stats(upd["weights"][0], cfg.clip) if upd["weights"] else None,
             "peak_mem_bytes": torch.cuda.max_memory_allocated() if cuda else None,
             "resident_mem_bytes": resident if cuda else None,
         }
