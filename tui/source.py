@@ -18,6 +18,12 @@ def change_key(state: RunState) -> tuple:
             bool(state.finished), state.best, state.kappa)
 
 
+# Polls in a row a store may refuse to open or give its state while a run is being made (its tables, then its
+# state, are written a moment after data.mdb appears); past that the error is the store's own (a damaged record,
+# a wrong path) and the app shows it.
+PATIENCE = 5
+
+
 class RunSource:
     """Owns the reader for one run directory (or borrows an already-open Store)."""
 
@@ -28,15 +34,22 @@ class RunSource:
         self.config = RunConfig.load(self.run_dir)
         self._key: tuple | None = None
         self.next_event = 0
+        self._refusals = 0
+
+    def _refused(self, e: StoreError) -> None:
+        self._refusals += 1
+        if self._refusals >= PATIENCE:
+            raise e
 
     def _open(self) -> bool:
         # `tik-evo run --tui` starts the app as soon as data.mdb exists, which can be before the engine
-        # has created its tables: keep trying on each poll instead of failing.
+        # has created its tables: keep trying on each poll instead of failing (for PATIENCE polls).
         if self.store is None:
             try:
                 self.store = Store.open_reader(self.run_dir)
-            except StoreError:
+            except StoreError as e:
                 gc.collect()  # drop the half-opened LMDB environment before the next attempt
+                self._refused(e)
                 return False
         return True
 
@@ -50,8 +63,10 @@ class RunSource:
             return None
         try:
             key = change_key(self.store.state())
-        except StoreError:  # tables exist but Store.create has not written the state yet: a moment later it has
+        except StoreError as e:  # tables exist but Store.create has not written the state yet: a moment later it has
+            self._refused(e)
             return None
+        self._refusals = 0
         if key == self._key:
             return None
         snap = self.store.snapshot()

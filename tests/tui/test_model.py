@@ -100,3 +100,17 @@ def test_vs_root_uses_the_root_as_timed_on_the_audits_gpu():
                                            "0": {"a.prefill": 2e-3, "a.train": 2e-3, "a.decode": 1e-5}}
     assert {r.name: r.vs_root for r in view.workload_rows("I1")}["a.prefill"] == pytest.approx(2.2)
     assert view.path_speedups("I1")["full"] == pytest.approx(2.2)
+
+
+def test_a_store_that_keeps_refusing_is_reported_not_waited_on_forever(tmp_path):
+    # A run being made refuses a reader for a moment (no tables yet); a directory that never becomes a store, or a
+    # damaged one, is reported after a few polls (the app shows the message) instead of a silent "waiting".
+    from tik_evo.store import StoreError
+    from tui import source as src
+
+    (tmp_path / "ir.lmdb").mkdir()
+    s = RunSource(tmp_path)
+    for _ in range(src.PATIENCE - 1):
+        assert s.poll() is None
+    with pytest.raises(StoreError):
+        s.poll()
