@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_gluon_decode | paged_decode), each under its own
+# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_gluon_decode | paged_decode | screen_ab CAMPAIGN | rl | hf), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can. Each step
 # runs a `tik-evo bench` suite as `python3 -m tik_evo.cli bench NAME` (PYTHONPATH=$PWD: importing tik_evo maps
 # tik_evo_bench and tik_evo_kernels to benchmarks/ and kernels/).
@@ -10,6 +10,11 @@ OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .whl/optuna*.whl .whl/omegaconf*.whl .whl/lmdb*.whl .whl/alembic*.whl .whl/sqlalchemy*.whl .whl/colorlog*.whl \
   .whl/mako*.whl .whl/greenlet*.whl .whl/liger_kernel*.whl >/dev/null 2>&1 || echo "wheel install failed"
+# transformers, its dependencies and Liger-Kernel for the rl and hf steps, where carried (.whl_hf)
+if ls .whl_hf/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl_hf/*.whl >/dev/null 2>&1 || echo "hf wheel install failed"
+fi
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
 # A knob search with fork-server audits (spawn if that run ends within two minutes, e.g. the root audit
@@ -194,6 +199,21 @@ while [ $# -gt 0 ]; do
         campaign campaigns/h200_attention.yaml ;;
     campaign) c=$1; shift  # any campaign file; CAMPAIGN_ONLY / _EVALS / _WALL_S / _SEED override its settings
       campaign "$c" ;;
+    screen_ab) c=$1; shift  # one campaign with evaluate.screen on, then off: audits per minute, failures by kind
+      for sc in true false; do
+        run=/tmp/runs/screen_$sc; t0=$(date +%s)
+        timeout $(( ${SCREEN_WALL_S:-240} + 60 )) python3 -m tik_evo.cli run "$c" search.max_evaluations=${SCREEN_EVALS:-12} \
+          search.wall_time_s=${SCREEN_WALL_S:-240} search.seed=0 evaluate.screen=$sc store.path=$run 2>&1 | tail -3
+        echo "screen=$sc: $(( $(date +%s) - t0 )) s"; python3 -m tik_evo.cli status $run | tail -22
+        python3 -m tik_evo.cli export $run -o "$OUT/screen_$sc.jsonl" && gzip -f "$OUT/screen_$sc.jsonl"
+      done ;;
+    rl)  # the GRPO bench: arms A (vendor stack + recompute), B (unified kernels), C; RL_ARGS overrides the shape
+      timeout ${RL_TIMEOUT_S:-300} python3 -m tik_evo.cli bench rl --arms A,B,C ${RL_ARGS:---model qwen3-0.6b-shape \
+        --end-fraction 0.004 --steps 4 --skip 1 --prompts 8 --group 8 --prompt-len 64 --max-new 256} \
+        --out "$OUT/rl.json" 2>&1 | grep -v Warning | tail -24 ;;
+    hf)  # the transformers patch: bits generate vs training, speed vs Liger's patch with a profile, inductor
+      timeout ${HF_TIMEOUT_S:-280} python3 -m tik_evo.cli bench hf --profile ${HF_ARGS:---batches 2 --batch 64 --rounds 2} \
+        --out "$OUT/hf.json" 2>&1 | grep -v Warning | tail -16 ;;
     *) echo "unknown step $step" ;;
   esac
 done
