@@ -57,8 +57,10 @@ if "ancestors" in params:
 t0 = time.time()
 out = run_audit(run_dir, AuditJob(fam, src, h(src), spec["id"], spec["workloads"], [0], spec["evaluate"],
                                   spec.get("device", "cuda"), 0, **kw))
+f = out.failure  # its start and its end (a traceback's last lines name the error)
+f = f if len(f) <= 1500 else f[:750] + " [...] " + f[-750:]
 print("RESULT " + json.dumps({
-    "passed": out.passed, "failure_kind": out.failure_kind, "failure": out.failure[:1500],
+    "passed": out.passed, "failure_kind": out.failure_kind, "failure": f,
     "seconds": time.time() - t0, "stages": [[s["name"], s["passed"], round(s["seconds"], 2), len(s["checks"])]
                                             for s in out.stages],
     "measurements": {k: [m["median_s"], m.get("spread"), m.get("timer")] for k, m in out.measurements.items()},

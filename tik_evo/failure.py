@@ -17,3 +17,12 @@ def error_kind(e: BaseException) -> str:
     if name in RESOURCE_ERRORS:
         return "resources"
     return "compile" if name in COMPILE_ERRORS or "Compil" in name else "exception"
+
+
+def clip(text: str, n: int = 1500) -> str:
+    """``text`` cut to about ``n`` characters, keeping its start and its end (a traceback's last lines name the
+    error: a cut that keeps only the start loses them)."""
+    if len(text) <= n:
+        return text
+    half = n // 2
+    return f"{text[:half]}\n[... {len(text) - 2 * half} characters ...]\n{text[-half:]}"

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tik_evo import lineage, warm_start
 from tik_evo.audit import AuditJob, audit_slots, run_audit, static_scan
 from tik_evo.config import ConfigError, start_label, to_yaml
+from tik_evo.failure import clip
 from tik_evo.family import Family, OpportunitySpec
 from tik_evo.knobs import knobs_or_none, read_knobs, write_knobs
 from tik_evo.records import FAILED, Audit, Implementation, Opportunity
@@ -264,7 +265,7 @@ def anchor_gpus(store: Store, cfg: DictConfig, family: Family, device: str, log=
     failed = [(job, out) for job, out in zip(jobs, outs) if not out.passed]
     if failed:
         job, out = failed[0]
-        raise InitError(f"the root failed its audit on GPU {job.gpu_index} ({out.failure_kind}): {out.failure[:1500]}"
+        raise InitError(f"the root failed its audit on GPU {job.gpu_index} ({out.failure_kind}): {clip(out.failure)}"
                         f"\nevidence: {store.run_dir / 'audits' / job.impl_id}; leave that GPU out of evaluate.gpus "
                         f"and `tik-evo resume {store.run_dir} evaluate.gpus=[...]`")
     log(f"root timed on {len(by_gpu)} GPUs in {time.time() - t0:.1f} s: medians within {spread:.1%} of the first's")

@@ -389,3 +389,12 @@ def test_close_reaches_a_job_the_fork_server_handed_to_its_fallback(tmp_path, mo
     thread.join(timeout=30)
     assert not thread.is_alive() and time.time() - t0 < 30
     assert result["out"] == (-signal.SIGKILL, False)
+
+
+def test_a_long_failure_is_cut_in_the_middle_keeping_the_error_at_its_end():
+    from tik_evo.failure import clip
+
+    text = "Traceback (most recent call last):\n" + "  frame\n" * 400 + "ArenaError: out of device memory"
+    cut = clip(text, 300)
+    assert len(cut) < 360 and cut.startswith("Traceback") and cut.endswith("ArenaError: out of device memory")
+    assert clip("short", 300) == "short"
