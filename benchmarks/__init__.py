@@ -36,6 +36,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
           "(CAMPAIGN ...)", True),
     Suite("rl", "tik_evo.rl.bench", "a GRPO loop: the unified kernels reusing rollout log-probs vs a vendor stack "
           "that recomputes them (arms A/B/C)", True),
+    Suite("rl-parity", "tik_evo.rl.parity", "reward parity: GRPO runs of every arm over seeds (resumable), mean "
+          "reward curves and B vs A within noise", True),
     # operator families and the models composed of them
     Suite("ops", _B + "ops_gpu", "the operator families against torch eager, torch.compile, Liger / cuBLAS", True),
     Suite("ops-rowwise", _B + "ops_rowwise_gpu", "the row-wise and elementwise families alone (what `ops` runs "

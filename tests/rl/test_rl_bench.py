@@ -40,3 +40,21 @@ def test_runner_refuses_bad_arguments(tmp_path, capsys):
     assert bench.main(["--staleness", "-1", "--device", "cpu", "--out", out]) == 2
     assert "--staleness -1" in capsys.readouterr().out
     assert not (tmp_path / "x.json").exists()
+
+
+def test_parity_runs_each_seed_once_and_compares_the_arms(tmp_path, capsys):
+    from tik_evo.rl import parity
+
+    out = tmp_path / "parity"
+    rl = ["--model", "tiny", "--arms", "A,C", "--steps", "2", "--prompts", "1", "--group", "2", "--digits", "1",
+          "--max-new", "2", "--micro-batch", "2", "--device", "cpu"]
+    assert parity.main(["--seeds", "0,1", "--window", "1", "--out", str(out), "--", *rl]) == 0
+    summary = json.loads((out / "parity.json").read_text())
+    assert summary["seeds"] == [0, 1] and set(summary["arms"]) == {"A", "C"}
+    assert all(len(a["mean_curve"]) == 2 and len(a["final"]) == 2 for a in summary["arms"].values())
+    assert summary["C_minus_A"]["stderr"] is not None and (out / "parity.png").stat().st_size > 0
+    first = (out / "seed_0.json").read_text()
+    capsys.readouterr()
+    assert parity.main(["--seeds", "0,1", "--window", "1", "--out", str(out), "--", *rl]) == 0  # resumed: kept
+    assert "seed_0.json is complete, kept" in capsys.readouterr().out and (out / "seed_0.json").read_text() == first
+    assert parity.main(["--seeds", "0", "--out", str(out), "--", "--seed", "3"]) == 2
