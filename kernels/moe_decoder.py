@@ -202,9 +202,10 @@ class MoEDecoder:
         return down, pos
 
     def _forward(self, ids: torch.Tensor, positions: torch.Tensor, path: str, attend,
-                 keep: torch.Tensor | None = None) -> torch.Tensor:
+                 keep: torch.Tensor | None = None, head: bool = True) -> torch.Tensor:
         """Logits of the rows `ids` at `positions` (only of the rows `keep`, when given: the lm_head is
-        row-independent, so the same bits); attend(layer, q, k, v) -> [rows, q_heads * head_dim]."""
+        row-independent, so the same bits); attend(layer, q, k, v) -> [rows, q_heads * head_dim]. `head` False:
+        the final hidden rows instead, for a caller that fuses lm_head with what follows."""
         s = self.s
         if self.ops:
             h = self.ops.embedding(ids, self.embed)
@@ -221,7 +222,8 @@ class MoEDecoder:
                                          self.norm_post[layer], path)
             nxt = self.norm_in[layer + 1] if layer + 1 < s.layers else self.norm_f
             x, residual = self._add_norm(self._mlp(layer, x, path), residual, nxt, path)
-        return self._linear(x if keep is None else x[keep].contiguous(), self.w_lm, path)
+        x = x if keep is None else x[keep].contiguous()
+        return self._linear(x, self.w_lm, path) if head else x
 
     def _logprob(self, logits: torch.Tensor, targets: torch.Tensor, path: str) -> torch.Tensor:
         if self.ops:
@@ -266,9 +268,11 @@ class MoEDecoder:
         positions = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(self.device)
         rows = torch.cat([torch.arange(lo + p - 1, hi - 1) for lo, hi, p in zip(bounds, bounds[1:], prompt_lens)])
         # Only the scored rows go through the lm_head (row-independent, so the same bits as all rows then a gather).
-        logits = self._forward(torch.cat(seqs), positions, "full", lambda _, q, k, v: self._prefill(q, k, v, bounds),
-                               keep=rows.to(self.device))
-        lp = self._logprob(logits, torch.cat([t[p:] for t, p in zip(seqs, prompt_lens)]), "full")
+        targets = torch.cat([t[p:] for t, p in zip(seqs, prompt_lens)])
+        fused = getattr(self.ops, "linear_logprob", None) if self.ops else None  # lm_head + log-prob in one call
+        out = self._forward(torch.cat(seqs), positions, "full", lambda _, q, k, v: self._prefill(q, k, v, bounds),
+                            keep=rows.to(self.device), head=fused is None)
+        lp = fused(out, self.w_lm, targets, self.temperature) if fused else self._logprob(out, targets, "full")
         return list(lp.split([n - p for n, p in zip(lens, prompt_lens)]))
 
     def policy_logprobs(self, seqs: list[torch.Tensor], prompt_lens: list[int], ops=None) -> list[torch.Tensor]:

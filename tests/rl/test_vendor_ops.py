@@ -32,6 +32,11 @@ def decode_fp32(q, kc, vc, live, lens, scale):
     return sdpa_decode(q, kc[live], vc[live], lens, scale, torch.float32)
 
 
+def linear_logprob_fp32(x, w, targets, temperature):  # lm_head and log-prob in one call, as Liger's fused CE
+    logits = (x.float() / temperature) @ w.float().t()
+    return torch.log_softmax(logits, -1).gather(1, targets.long()[:, None])[:, 0]
+
+
 def test_probe_keeps_agreeing_calls_and_drops_wrong_or_failing_ones():
     def boom(*_):
         raise TypeError("an API this code does not know")
@@ -44,8 +49,10 @@ def test_probe_keeps_agreeing_calls_and_drops_wrong_or_failing_ones():
         "silu_mul": lambda gate, up: (F.silu(gate.float()) + up.float()).to(gate.dtype),  # + for *: wrong
         "rope": boom,
         "attention_decode": [decode_wrong, counted("attention_decode", decode_fp32)],  # alternatives, in order
+        "linear_logprob": [lambda x, w, t, temp: linear_logprob_fp32(x, w, t, 1.0),  # the temperature ignored
+                           counted("linear_logprob", linear_logprob_fp32)],
     })
-    assert set(ops.fast) == {"rmsnorm", "attention_decode"}
+    assert set(ops.fast) == {"rmsnorm", "attention_decode", "linear_logprob"}
     notes = "\n".join(ops.notes)
     assert "rmsnorm (call): vendor" in notes and "attention_decode (call): vendor" in notes
     assert "attention_decode (decode_wrong): torch, the vendor call differs" in notes
@@ -61,6 +68,12 @@ def test_probe_keeps_agreeing_calls_and_drops_wrong_or_failing_ones():
     assert CALLS.count("attention_decode") == rec["decode_steps"] * m.s.layers
     # the first layer's input norm, once a forward: the prefill, each decode step, the recompute, the update
     assert CALLS.count("rmsnorm") == 1 + rec["decode_steps"] + 1 + 1
+    # the fused lm_head + log-prob in both training forwards (recompute, update), close to the two-call path
+    assert CALLS.count("linear_logprob") == 2 and "linear_logprob (<lambda>): torch, the vendor call differs" in notes
+    seqs, plens = [torch.tensor([3, 4, 5, 6, 7], dtype=torch.int32)], [2]
+    fused = m.policy_logprobs(seqs, plens, ops=ops)[0]
+    plain = m.policy_logprobs(seqs, plens, ops=TorchOps(native=True))[0]
+    assert fused.shape == plain.shape == (3,) and torch.allclose(fused, plain, atol=0.05, rtol=0.02)
     assert VendorOps("cpu").notes == ["not on a GPU: no vendor kernels"] and not VendorOps("cpu").fast
 
 

@@ -5,11 +5,12 @@ calls replaced where the replacement imports and passes a probe on this device:
 - attention: torch's varlen flash attention (`torch.nn.attention.varlen`) for the packed prefill and training
   forward, and for decode reading every sequence's cache in place (`seqused_k`, finished sequences given no query
   row), else over a gathered copy of the live sequences' caches;
-- Liger-Kernel: RMSNorm (also per head, for QK norm), fused add + RMSNorm, RoPE, SwiGLU (SiLU-and-mul), and its
-  cross-entropy for the log-probs (reduction "none": -log p of each target).
+- Liger-Kernel: RMSNorm (also per head, for QK norm), fused add + RMSNorm, RoPE, SwiGLU (SiLU-and-mul), its
+  cross-entropy for the log-probs (reduction "none": -log p of each target) and, for the training forward, its fused
+  linear cross-entropy (lm_head and log-prob in one chunked call: `linear_logprob`).
 A probe runs the call and TorchOps' fp32 version on small inputs of this device, forward and backward, and keeps
 the call if both agree to bf16 accuracy; otherwise the torch call stays and `notes` says why. Not wired: Liger's
-fused linear cross-entropy (the model runs lm_head and the log-prob as two calls), CUDA-graph capture of decode.
+CUDA-graph capture of decode (the rollout's `decode_steps` captures whatever calls the arm makes).
 """
 
 from __future__ import annotations
@@ -53,6 +54,18 @@ def _liger(notes: list[str]) -> dict:
 
     calls = {"rmsnorm": rmsnorm, "qk_rmsnorm": qk_rmsnorm, "rope": rope,
              "silu_mul": lambda a, b: LigerSiLUMulFunction.apply(a, b), "logprob": logprob}
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+        def linear_logprob(x, w, targets, temperature):
+            # lm_head and log-prob in one chunked call, the logits never whole in memory. Liger has no temperature:
+            # log softmax(x W^T / T) = log softmax((x / T) W^T), so the rows are scaled instead.
+            xs = x if temperature == 1.0 else x / temperature
+            return -liger_fused_linear_cross_entropy(xs, w, targets.long(), reduction="none").float()
+
+        calls["linear_logprob"] = linear_logprob
+    except Exception as e:  # noqa: BLE001 - an older Liger: lm_head and log-prob as two calls
+        notes.append(f"Liger fused linear cross-entropy not used ({e!r:.120})")
     try:
         from liger_kernel.ops.fused_add_rms_norm import LigerFusedAddRMSNormFunction
 
@@ -132,6 +145,8 @@ def _probe_inputs(name: str, device: str):
         "silu_mul": ((rnd(33, 256), rnd(33, 256)), ()),
         "logprob": ((rnd(33, 1000, scale=3.0),),
                     (torch.randint(0, 1000, (33,), generator=g, device=device).to(torch.int32), 0.7)),
+        "linear_logprob": ((rnd(33, 256), rnd(1000, 256, scale=3.0 / 16)),
+                           (torch.randint(0, 1000, (33,), generator=g, device=device).to(torch.int32), 0.7)),
         "attention_packed": ((rnd(40, 4, 128), rnd(40, 2, 128), rnd(40, 2, 128)), ([0, 17, 40], 128 ** -0.5)),
         "attention_decode": ((rnd(2, 4, 128),), (rnd(3, 24, 2, 128), rnd(3, 24, 2, 128),
                                                  torch.tensor([0, 2], device=device),
@@ -142,6 +157,9 @@ def _probe_inputs(name: str, device: str):
 
 
 def _reference(name: str):
+    if name == "linear_logprob":
+        torch_ops = TorchOps()
+        return lambda x, w, t, temp: torch_ops.logprob(torch_ops.linear(x, w), t, temp)[0]
     if name == "attention_decode":
         return lambda q, kc, vc, live, lens, scale: sdpa_decode(q, kc[live], vc[live], lens, scale, torch.float32)
     return getattr(TorchOps(), name)
@@ -202,6 +220,8 @@ class VendorOps(TorchOps):
                     break
         if "attention_decode" not in self.fast:
             self.attention_decode = None  # the rollout's cache then runs SDPA with a length mask
+        if "linear_logprob" in self.fast:  # the model's training forward then fuses lm_head and log-prob
+            self.linear_logprob = self.fast["linear_logprob"]
 
     def _call(self, name, *args):
         fast = self.fast.get(name)
