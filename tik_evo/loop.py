@@ -220,7 +220,8 @@ class Search:
             return None
         root = lineage.root_latencies(st, gpu if self.device == "cuda" else None)
         return screen.spec(st.weights, root, st.limits, self.cfg.objective.normalize, st.best_objective,
-                           self.cfg.evaluate.screen_margin)
+                           self.cfg.evaluate.screen_margin,
+                           stones=self.cfg.search.stepping_stones and self.cfg.ablation.lineage_management)
 
     def finish(self, pending: Pending, outcome: AuditOutcome | None, wall_s: float) -> None:
         """Record the step (action, offspring, audit, decisions, state) in one transaction; tell the sampler."""

@@ -20,10 +20,12 @@ SCREENED = "screened"  # the failure kind of an audit the screen stopped
 
 
 def spec(weights: dict[str, float], root: dict[str, float], limits: dict[str, dict[str, Any]], normalize: bool,
-         best_objective: float, margin: float) -> dict[str, Any]:
-    """The reference a screening judge compares with (JSON, in the worker's job)."""
+         best_objective: float, margin: float, stones: bool = False) -> dict[str, Any]:
+    """The reference a screening judge compares with (JSON, in the worker's job). ``stones``: the search keeps
+    stepping stones (search.stepping_stones), so an offspring over a limit but better on the objective goes on."""
     return {"weights": dict(weights), "root": dict(root), "limits": {n: float(x["limit"]) for n, x in limits.items()},
-            "normalize": bool(normalize), "best_objective": float(best_objective), "margin": float(margin)}
+            "normalize": bool(normalize), "best_objective": float(best_objective), "margin": float(margin),
+            "stones": bool(stones)}
 
 
 def decide(measurements: dict[str, dict[str, Any]], ref: dict[str, Any]) -> tuple[bool, str]:
@@ -38,6 +40,9 @@ def decide(measurements: dict[str, dict[str, Any]], ref: dict[str, Any]) -> tupl
     worst = max(over, key=over.get, default=None)
     margin, best = ref["margin"], ref["best_objective"]
     if worst is not None and over[worst] > margin:
+        if ref.get("stones") and objective < best * (1 + margin):
+            return True, (f"{worst} is {over[worst]:.1%} over its slowdown limit, but the objective {objective:.6g} "
+                          f"may make it a stepping stone: audited in full")
         return False, (f"screened: {worst} is {over[worst]:.1%} over its slowdown limit (screen margin "
                        f"{margin:.0%})")
     if objective > best * (1 + margin):

@@ -26,6 +26,11 @@ def test_decide_screens_what_cannot_be_the_best_and_passes_the_rest():
     ok, why = screen.decide(m, ref(100.0, {"full": {"limit": 1.0}, "decode": {"limit": 1.5}}))
     assert not ok and "decode is 33.3% over its slowdown limit" in why
     assert screen.decide({"full": {"median_s": 1.0}}, ref(0.1))[0]  # a workload not measured: no screen
+    # with stepping stones kept, over a limit but better on the objective goes on to be verified
+    stones = {**ref(2.0, {"full": {"limit": 1.0}, "decode": {"limit": 1.5}}), "stones": True}
+    ok, why = screen.decide(m, stones)
+    assert ok and "stepping stone" in why
+    assert not screen.decide(m, {**stones, "best_objective": 1.0})[0]
 
 
 def audit(tmp_path, best_objective: float):
