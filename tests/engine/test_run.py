@@ -196,7 +196,7 @@ def test_bench_runs_the_model_suites_and_says_when_there_is_no_gpu(capsys):
     assert "tik-evo bench ops --families silu_mul" in " ".join(capsys.readouterr().err.split())
     assert main(["bench", "silu"]) == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "'silu' is not a suite (`tik-evo bench --list`: attention, search, rl, ops," in err
+    assert "'silu' is not a suite (`tik-evo bench --list`: attention, search, rl, rl-parity, ops," in err
 
 
 def test_a_root_that_remembers_its_outputs_stops_the_run_and_names_the_stage(tmp_path, monkeypatch, capsys):
