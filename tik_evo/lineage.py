@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
+from tik_evo.objective import weighted
 from tik_evo.records import ACTIVE, ARCHIVED, BEST, FAILED, Audit, Decision, Implementation
 from tik_evo.run_state import RunState
 from tik_evo.store import Txn
@@ -29,12 +30,8 @@ if TYPE_CHECKING:
 
 def objective(measurements: dict[str, dict[str, Any]], state: RunState, normalize: bool,
               root: dict[str, float] | None = None) -> float:
-    root = root or state.root_latencies
-    total = 0.0
-    for name, w in state.weights.items():
-        t = measurements[name]["median_s"]
-        total += w * (t / root[name] if normalize else t)
-    return total
+    times = {name: measurements[name]["median_s"] for name in state.weights}
+    return weighted(times, state.weights, root or state.root_latencies, normalize)
 
 
 def root_latencies(state: RunState, gpu: int | None) -> dict[str, float]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tik_evo.objective import weighted
+
 SCREENED = "screened"  # the failure kind of an audit the screen stopped
 
 
@@ -35,7 +37,7 @@ def decide(measurements: dict[str, dict[str, Any]], ref: dict[str, Any]) -> tupl
         return True, f"not screened: {', '.join(missing)} not measured"
     t = {n: float(m["median_s"]) for n, m in measurements.items()}
     root = ref["root"]
-    objective = sum(w * (t[n] / root[n] if ref["normalize"] else t[n]) for n, w in ref["weights"].items())
+    objective = weighted(t, ref["weights"], root, ref["normalize"])
     over = {n: t[n] / (lim * root[n]) - 1 for n, lim in ref["limits"].items() if n in t and n in root}
     worst = max(over, key=over.get, default=None)
     margin, best = ref["margin"], ref["best_objective"]

@@ -93,7 +93,7 @@ class GRPOTrainer:
         # updates ago before each rollout (in place, so its decode graphs stay valid).
         self.behaviour = model if not cfg.staleness else type(model)(
             model.s, cfg.seed, dev, impls=model.k, temperature=model.temperature,
-            grouped_experts=getattr(model, "grouped", True) or not model.s.experts)
+            grouped_experts=getattr(model, "grouped", True))
         # the weights before the next update and after each of the `staleness` updates before it, oldest first:
         # the oldest samples the next rollout
         self.snapshots: list[list[torch.Tensor]] = []

@@ -9,8 +9,8 @@ calls replaced where the replacement imports and passes a probe on this device:
   cross-entropy for the log-probs (reduction "none": -log p of each target) and, for the training forward, its fused
   linear cross-entropy (lm_head and log-prob in one chunked call: `linear_logprob`).
 A probe runs the call and TorchOps' fp32 version on small inputs of this device, forward and backward, and keeps
-the call if both agree to bf16 accuracy; otherwise the torch call stays and `notes` says why. Not wired: Liger's
-CUDA-graph capture of decode (the rollout's `decode_steps` captures whatever calls the arm makes).
+the call if both agree to bf16 accuracy; otherwise the torch call stays and `notes` says why. The rollout's
+`decode_steps` captures the arm's decode calls, vendor or torch, in CUDA graphs.
 """
 
 from __future__ import annotations
