@@ -97,6 +97,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("engine-overhead", _B + "engine_overhead", "the engine's own time per step, the audit synthetic", False),
     Suite("ray-startup", _B + "ray_startup", "an audit worker's start-up through a Ray task against the local "
           "executors (CPU, a local cluster)", False),
+    Suite("audit-throughput", _B + "audit_throughput", "offspring audited per minute of runs, from their exports "
+          "(LABEL=EXPORT ...)", False),
     Suite("campaign-summary", _B + "campaign_summary", "a finished run directory as a results file (RUN_DIR "
           "OUT.json)", False),
 )}

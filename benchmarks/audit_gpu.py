@@ -226,7 +226,10 @@ def cmd_roots(args) -> dict:
         sets.update({k: v for k, v in wanted.items() if v})
         specs += [(fam, name, knobs) for name, knobs in sets.items()]
     if args.pick:
-        picked = set(args.pick.split(","))
+        picked = pick(args.pick)
+        unknown = picked - {f"{x[0]}:{x[1]}" for x in specs}
+        if unknown:
+            raise SystemExit(f"--pick: no such family:set among the roots and named sets: {', '.join(sorted(unknown))}")
         specs = [x for x in specs if f"{x[0]}:{x[1]}" in picked]
     rows: list[dict] = []
 
@@ -324,6 +327,20 @@ def cmd_warm(args) -> dict:
     return {"warm": rows}
 
 
+def pick(text: str) -> set[str]:
+    """`--pick` as family:set pairs; a bare set name takes the family of the item before it."""
+    out, family = set(), None
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        if ":" in item:
+            family, _, name = item.partition(":")
+        elif family is None:
+            raise SystemExit(f"--pick: {item!r} has no family (write family:set first)")
+        else:
+            name = item
+        out.add(f"{family}:{name}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=["adversarial", "roots", "times", "warm"])
@@ -331,7 +348,8 @@ def main() -> None:
     ap.add_argument("--engines", default="before,after", help="times: which engines, in order (before,after); "
                     "after+KEY=VALUE sets an evaluate key for that engine, e.g. after+check_procs=2")
     ap.add_argument("--families", default=None, help="times: rmsnorm,attention; roots: all (comma list)")
-    ap.add_argument("--pick", help="roots: only these family:set pairs (comma list)")
+    ap.add_argument("--pick", help="roots: only these family:set pairs (comma list; a bare set name takes the "
+                    "family before it: attention:a,b,rmsnorm:root)")
     ap.add_argument("--jobs", type=int, default=1, help="roots: audits at once (verdicts only, no timing)")
     ap.add_argument("--sets", default="all", help="roots: the named sets to audit besides each root (comma list)")
     ap.add_argument("--only", help="adversarial: the families whose candidates run (comma list)")

@@ -8,8 +8,7 @@
 set -u
 OUT=${OUT:-/tmp/out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  .whl/optuna*.whl .whl/omegaconf*.whl .whl/lmdb*.whl .whl/alembic*.whl .whl/sqlalchemy*.whl .whl/colorlog*.whl \
-  .whl/mako*.whl .whl/greenlet*.whl .whl/liger_kernel*.whl >/dev/null 2>&1 || echo "wheel install failed"
+  .whl/*.whl >/dev/null 2>&1 || echo "wheel install failed"
 # transformers, its dependencies and Liger-Kernel for the rl and hf steps, where carried (.whl_hf)
 if ls .whl_hf/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
@@ -200,12 +199,18 @@ while [ $# -gt 0 ]; do
     campaign) c=$1; shift  # any campaign file; CAMPAIGN_ONLY / _EVALS / _WALL_S / _SEED override its settings
       campaign "$c" ;;
     screen_ab) c=$1; shift  # one campaign with evaluate.screen on, then off: audits per minute, failures by kind
+      # SCREEN_ARGS: overrides for both arms (e.g. workloads.only=[...]); SCREEN_ON_ARGS: more for the "on" arm
+      # (e.g. evaluate.in_flight=3); each arm's wall seconds go to screen_ab.txt beside its export
       for sc in true false; do
         run=/tmp/runs/screen_$sc; t0=$(date +%s)
+        extra=""; [ $sc = true ] && extra=${SCREEN_ON_ARGS:-}
         timeout $(( ${SCREEN_WALL_S:-240} + 60 )) python3 -m tik_evo.cli run "$c" search.max_evaluations=${SCREEN_EVALS:-12} \
-          search.wall_time_s=${SCREEN_WALL_S:-240} search.seed=0 evaluate.screen=$sc store.path=$run 2>&1 | tail -3
-        echo "screen=$sc: $(( $(date +%s) - t0 )) s"; python3 -m tik_evo.cli status $run | tail -22
+          search.wall_time_s=${SCREEN_WALL_S:-240} search.seed=0 evaluate.screen=$sc ${SCREEN_ARGS:-} $extra \
+          store.path=$run 2>&1 | tail -3
+        echo "screen=$sc $extra: $(( $(date +%s) - t0 )) s" | tee -a "$OUT/screen_ab.txt"
+        python3 -m tik_evo.cli status $run | tail -22
         python3 -m tik_evo.cli export $run -o "$OUT/screen_$sc.jsonl" && gzip -f "$OUT/screen_$sc.jsonl"
+        python3 -m tik_evo.cli bench campaign-summary $run "$OUT/screen_$sc.json" 2>&1 | tail -3
       done ;;
     rl)  # the GRPO bench: arms A (vendor stack + recompute), B (unified kernels), C; RL_ARGS overrides the shape
       timeout ${RL_TIMEOUT_S:-300} python3 -m tik_evo.cli bench rl --arms A,B,C ${RL_ARGS:---model qwen3-0.6b-shape \

@@ -163,6 +163,27 @@ def profile(fn, device: str, top: int = 15) -> list[dict]:
     return sorted(rows, key=lambda r: -r["self_ms"])[:top]
 
 
+def profile_totals(fn, device: str) -> dict:
+    """Wall time of one call of fn against the device time of its kernels (GPU) and the host's time in ops: a
+    column whose wall time far exceeds its kernels' is bound by the host (launches, syncs, Python)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    fn()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    t0 = time.perf_counter()
+    with torch_profile(activities=acts) as prof:
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+    wall = (time.perf_counter() - t0) * 1e3
+    events = prof.key_averages()
+    kernels = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    host = sorted(({"name": e.key[:160], "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3}
+                   for e in events if e.self_cpu_time_total > 0), key=lambda r: -r["self_cpu_ms"])
+    return {"wall_ms_profiled": wall, "kernel_ms": kernels / 1e3, "top_host_ops": host[:12]}
+
+
 def liger_patch(name: str, model):
     """Liger-Kernel on `model` (RoPE, RMSNorm, SwiGLU; no fused cross-entropy: log-probs are needed), and the
     modeling module whose rotary function it replaces process-wide (so the plain model can be given its own back
@@ -203,13 +224,15 @@ def speed(patched, plain, liger, rotary, args, shape, device) -> dict:
         runs["liger"] = lambda: torch_logprobs(liger, ids, mask, T)
     out: dict = {"train_batch": args.train_batch, "train_len": args.train_len, "forward_ms": {},
                  "forward_backward_ms": {}}
-    for which, fn in runs.items():  # warm-up (compiles each model's kernels)
+    models = {"tik_evo": patched, "transformers_sdpa": plain, "liger": liger}
+    for which, fn in runs.items():  # warm-up: compiles each model's forward and backward kernels before any timing
         rope_for(which)
         with torch.no_grad():
             fn()
+        models[which].zero_grad(set_to_none=True)
+        fn().sum().backward()
     samples: dict = {k: [] for k in runs}
     samples_bwd: dict = {k: [] for k in runs}
-    models = {"tik_evo": patched, "transformers_sdpa": plain, "liger": liger}
     for _ in range(args.rounds):  # interleaved rounds: drift in clocks or temperature touches every model alike
         for which, fn in runs.items():
             rope_for(which)
@@ -229,6 +252,7 @@ def speed(patched, plain, liger, rotary, args, shape, device) -> dict:
                 models[which].zero_grad(set_to_none=True)
                 fn().sum().backward()
             out["profile"][which] = profile(step, device)
+            out.setdefault("profile_totals", {})[which] = profile_totals(step, device)
     rope_for("plain")
     for which in runs:
         out["forward_ms"][which] = statistics.median(samples[which])

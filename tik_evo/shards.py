@@ -65,10 +65,10 @@ class Shard:
     gate: int = -1  # the write end of the shard's gate (`gated` shards wait for `release` before their cases)
 
 
-def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path, notes_below: int = 0,
+def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path, note: bool = False,
           fresh_from: int | None = None, gated: bool = False) -> list[Shard]:
     """Fork one process per share of ``all_cases``; each starts a runner of its own for the candidate. Call
-    before anything initialises CUDA. ``notes_below``: note the calls of cases below it (tik_evo.warm);
+    before anything initialises CUDA. ``note``: note the calls the checks make (tik_evo.warm);
     ``fresh_from``: the first drawn case (see `deal`); ``gated``: each shard starts its runner, then waits for
     `release` before its first case (nothing of it runs on the GPU while the judge screens the candidate)."""
     out = []
@@ -83,7 +83,7 @@ def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Pa
             if gated:  # this shard's and the earlier shards' write ends belong to the judge alone
                 for fd in (write_end, *(s.gate for s in out)):
                     os.close(fd)
-            _child(job, all_cases, cases, result, log, notes_below, read_end)
+            _child(job, all_cases, cases, result, log, note, read_end)
         if gated:
             os.close(read_end)
         out.append(Shard(pid, cases, result, log, write_end))
@@ -164,12 +164,12 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
 
 
 def _child(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path,
-           notes_below: int, gate: int = -1) -> None:
+           note: bool, gate: int = -1) -> None:
     die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
-    forked_child(log, lambda: run(job, all_cases, cases, result, notes_below, gate))
+    forked_child(log, lambda: run(job, all_cases, cases, result, note, gate))
 
 
-def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, notes_below: int = 0,
+def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, note: bool = False,
         gate: int = -1) -> None:
     """A shard's work: its cases at the "full" level, every seed, on a runner of its own; the result file
     rewritten after each case. ``gate``: a pipe to wait on before the first case (EOF without a byte: the judge
@@ -195,14 +195,12 @@ def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], resul
         os.close(gate)
         if not go:
             return
-    if notes_below:
+    if note:
         from tik_evo.warm import Notes
 
         impl.notes = Notes()
     for c in cases:
         checks: list[Check] = []
-        if impl.notes is not None:
-            impl.notes.paused = c >= notes_below
         try:
             for seed in job.seeds:
                 checks += family.run_checks(impl, all_cases[c], seed, job.device)

@@ -1,11 +1,16 @@
 """Compile ahead: a candidate's Triton kernels compiled before its audit takes the GPU, by a process with no GPU.
 
 Most of an audit's time on a GPU is Triton compiling the candidate's kernels for each shape the checks and the
-timed workloads use. Those shapes are public (the family's fixed check cases, the campaign's workloads, never
-the secret drawn cases) and the same for every candidate, as the judge, not the candidate, makes the calls. So:
+timed workloads use. The judge, not the candidate, makes those calls, and their shapes are public (the family's
+fixed check cases, the campaign's workloads) or drawn per audit from the family's declared distribution. A drawn
+shape must be secret only while its own audit runs; Triton specialises a kernel on little of a shape (integer
+arguments by divisibility by 16 and equality to 1, the constants a launch derives), so the draws of finished
+audits compile most of what a fresh draw needs. So:
 
-- the judge of a run's first full audit notes every entry-point call it makes on those shapes (tensors by dtype
-  and shape, everything else by value) in ``RUN/warm/calls.json`` with the GPU's compute capability;
+- the judges of a run's first DRAWN_AUDITS full audits note every entry-point call they make (tensors by dtype
+  and shape, everything else by value) and, once their verdict is written, merge them into ``RUN/warm/calls.json``
+  with the GPU's compute capability: the fixed cases, the workloads and those audits' own drawn cases. The file
+  never holds a call of an audit in progress, so a candidate never sees its own draws ahead;
 - before a later audit takes the GPU (see `gpu_lock`), its judge starts a *warm runner*: sandboxed like every
   runner, with no GPU (CUDA hidden and, where the sandbox can, the device nodes covered), Triton's driver
   replaced by a compile-only one for that capability (:mod:`tik_evo.compile_only`). It replays the calls on meta
@@ -31,6 +36,8 @@ from typing import Any
 
 MANIFEST = Path("warm") / "calls.json"
 MAX_CALLS = 2000  # distinct calls kept: shapes, not data; far more than any family's cases and workloads
+DRAWN_AUDITS = 4  # audits whose calls (their drawn cases') join the manifest: enough draws to cover the
+# specialisations a fresh draw compiles, without a manifest (and each warm pass) growing with every audit
 
 
 class Undescribable(ValueError):
@@ -54,14 +61,13 @@ def encode(v: Any) -> Any:
 
 
 class Notes:
-    """The judge's notes of the calls it makes, deduplicated; ``paused`` while it checks a drawn case."""
+    """The judge's notes of the calls it makes, deduplicated."""
 
     def __init__(self) -> None:
         self.calls: dict[str, dict[str, Any]] = {}
-        self.paused = False
 
     def add(self, name: str, bound: dict[str, Any], optional: tuple[str, ...] = ()) -> None:
-        if self.paused or len(self.calls) >= MAX_CALLS:
+        if len(self.calls) >= MAX_CALLS:
             return
         variants = [bound]
         if any(bound.get(p) is not None for p in optional):  # the production call, optional outputs left out
@@ -73,15 +79,31 @@ class Notes:
                 return
             self.calls.setdefault(json.dumps(call, sort_keys=True), call)
 
-    def write(self, run_dir: Path, capability: list[int] | None) -> None:
-        """Once per run (the first writer wins): the file is the judge's, in the run directory runners cannot see."""
-        path = Path(run_dir) / MANIFEST
-        if path.exists() or not self.calls:
+    def merge(self, run_dir: Path, capability: list[int] | None) -> None:
+        """Add these calls to the run's manifest, for the first DRAWN_AUDITS audits that finish (after the
+        audit's verdict: the file is the judge's, in the run directory runners cannot see). Audits in flight
+        merge one at a time under a lock; the file is replaced whole, never seen half written."""
+        if not self.calls:
             return
+        path = Path(run_dir) / MANIFEST
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"capability": capability, "calls": list(self.calls.values())}))
-        tmp.replace(path)
+        fd = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            old = read_manifest(run_dir) or {"capability": capability, "calls": [], "audits": 0}
+            if not wants_notes(old if path.exists() else None):
+                return
+            calls = {json.dumps(c, sort_keys=True): c for c in old["calls"]}
+            for key, call in self.calls.items():
+                if len(calls) >= MAX_CALLS:
+                    break
+                calls.setdefault(key, call)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"capability": old.get("capability") or capability,
+                                       "calls": list(calls.values()), "audits": int(old.get("audits", 1)) + 1}))
+            tmp.replace(path)
+        finally:
+            os.close(fd)
 
 
 def read_manifest(run_dir: Path) -> dict[str, Any] | None:
@@ -90,6 +112,12 @@ def read_manifest(run_dir: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("calls"), list) else None
+
+
+def wants_notes(manifest: dict[str, Any] | None) -> bool:
+    """Whether an audit should note its calls: the manifest has fewer than DRAWN_AUDITS audits' calls (a manifest
+    of an older engine, which counted none, has one's)."""
+    return manifest is None or int(manifest.get("audits", 1)) < DRAWN_AUDITS
 
 
 def gpu_nodes() -> list[str]:

@@ -111,15 +111,15 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
     cases = family.check_cases("full") + drawn
     res.data["drawn_cases"] = drawn  # drawn for this audit: recorded so a failure can be reproduced
     n_fixed = len(cases) - len(drawn)
-    notes_below = _warm_pass(job, opts, res, device, n_fixed)
+    note = _warm_pass(job, opts, res, device)
     in_flight = int(job.evaluate.get("in_flight", 1))
     if in_flight < 2:
-        _judge(job, res, device, family, secret, opts, cases, notes_below, n_fixed)
+        _judge(job, res, device, family, secret, opts, cases, note, n_fixed)
         return
     try:
         with warm.gpu_lock(Path(job.run_dir), res.data.setdefault("gpu_lock", {})), \
                 _deadline(res, float(job.evaluate.get("timeout_s", 300))):
-            _judge(job, res, device, family, secret, opts, cases, notes_below, n_fixed)
+            _judge(job, res, device, family, secret, opts, cases, note, n_fixed)
     finally:
         res.flush()  # the lock's release time
 
@@ -150,16 +150,16 @@ def _deadline(res: Result, timeout: float):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _warm_pass(job: WorkerJob, opts: dict[str, Any], res: Result, device: str, n_fixed: int) -> int:
-    """Compile ahead (tik_evo.warm) when the run has the calls to replay; else, when this audit should note
-    them, the number of check cases (the fixed ones) whose calls it notes."""
+def _warm_pass(job: WorkerJob, opts: dict[str, Any], res: Result, device: str) -> bool:
+    """Compile ahead (tik_evo.warm) when the run has calls to replay; whether this audit notes its own calls
+    for the manifest (merged once its verdict is written)."""
     mode = job.evaluate.get("warm", "auto")
-    # auto: where it can pay, on a GPU with other audits in flight to overlap (its GPU figure is still to come)
+    # auto: where it can pay, on a GPU with other audits in flight to overlap
     if mode == "off" or (mode == "auto" and (device != "cuda" or int(job.evaluate.get("in_flight", 1)) < 2)):
-        return 0
+        return False
     manifest = warm.read_manifest(Path(job.run_dir))
     if manifest is None:
-        return n_fixed
+        return True
     capability = job.evaluate.get("warm_capability") or manifest.get("capability")
     if not capability:
         res.data["warm"] = {"error": "no compute capability to compile for (evaluate.warm_capability)"}
@@ -168,11 +168,11 @@ def _warm_pass(job: WorkerJob, opts: dict[str, Any], res: Result, device: str, n
         res.data["warm"] = warm.warm(job.source, manifest["calls"], capability, opts,
                                      float(job.evaluate.get("warm_timeout_s", 120)), threads)
     res.flush()
-    return 0
+    return warm.wants_notes(manifest)
 
 
 def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Random, opts: dict[str, Any],
-           cases: list[dict[str, Any]], notes_below: int, n_fixed: int) -> None:
+           cases: list[dict[str, Any]], note: bool, n_fixed: int) -> None:
     from tik_evo import shards
     from tik_evo.remote import CandidateError, Runner, connect
 
@@ -182,7 +182,7 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
     # Every process that runs candidate code forks now, before this process touches CUDA.
     procs = shards.count(int(job.evaluate.get("check_procs", 0)), len(cases))
     screening = bool(job.screen) and job.time
-    forked = shards.start(job, cases, procs, Path(job.result_path).parent, notes_below,
+    forked = shards.start(job, cases, procs, Path(job.result_path).parent, note,
                           fresh_from=n_fixed, gated=screening) if procs > 1 else []
     best = None
     try:
@@ -199,7 +199,7 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
         return
     res.stage("import", True, t0)
     phases["runners_and_connect_s"] = time.time() - t0
-    if notes_below:
+    if note:
         impl.notes = warm.Notes()
     res.data["device"] = _device_info(device)
     res.data["device"]["check_procs"] = max(len(forked), 1)
@@ -232,8 +232,6 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
         impl.log = [] if level == "small" else None  # the repeat stage repeats the small stage's first calls
         try:
             for i, case in enumerate(todo, first):
-                if impl.notes is not None:
-                    impl.notes.paused = level == "full" and i >= notes_below  # a drawn case: secret
                 for seed in seed_list:
                     checks += family.run_checks(impl, case, seed, device) + impl.take_checks(f"[case {i} seed {seed}]")
         except Exception as e:
@@ -246,8 +244,6 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
             shards.stop(forked)
             return
 
-    if impl.notes is not None:
-        impl.notes.paused = False  # the graph, repeat and timing stages: public shapes only
     from tik_evo import judge_stages as judged
 
     for name, stage in (("graph", judged.graph_stage), ("repeat", judged.repeat_stage)):
@@ -291,9 +287,8 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
                       f"doing unless it left something behind):\n{_trace(e)}", kind="infrastructure")
             return
     _done(res)
-    if impl.notes is not None:
-        impl.notes.paused = False
-        impl.notes.write(Path(job.run_dir), res.data["device"].get("capability"))
+    if impl.notes is not None:  # after the verdict: this audit's draws are no longer secret to anyone
+        impl.notes.merge(Path(job.run_dir), res.data["device"].get("capability"))
 
 
 def _screen(job: WorkerJob, family, impl, runner, res: Result, secret: random.Random, device: str) -> bool:

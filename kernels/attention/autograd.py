@@ -1,9 +1,9 @@
 """Attention for the policy update: a differentiable call whose forward is a kernel file's `prefill`.
 
 The forward values are the kernel's, the bits the rollout's decode agrees with. The backward recomputes the
-attention with torch under autograd and returns its gradients: SDPA (for a packed batch, per sequence; or, with
-PACKED_BACKWARD "varlen_flash", torch's varlen flash attention in one call on a GPU). Backward need not be
-bit-exact; only the forward log-probs have to equal the rollout's.
+attention with torch under autograd and returns its gradients: SDPA, and for a packed batch torch's varlen flash
+attention in one call on a GPU (SDPA per sequence elsewhere; PACKED_BACKWARD). Backward need not be bit-exact; only
+the forward log-probs have to equal the rollout's.
 
     impl = load_kernel("attention_kernel.py")     # e.g. from `tik-evo kernel attention --set ... -o ...`
     out = attention(q, k, v, impl)                 # q [B, HQ, S, D], k/v [B, HKV, S, D], bf16
@@ -82,18 +82,19 @@ class _PackedAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
         with torch.enable_grad(), record_function("policy:attention.bwd"):
-            grads = _varlen_grads(q, k, v, ctx.bounds, ctx.sm_scale, grad_out) \
-                if PACKED_BACKWARD == "varlen_flash" and _use_varlen(q) else None
-            if grads is None:
-                grads = _per_sequence_grads(q, k, v, ctx.bounds, ctx.sm_scale, grad_out)
+            grads = packed_grads(q, k, v, ctx.bounds, ctx.sm_scale, grad_out)
         return (*grads, None, None, None)
 
 
-# The packed backward's recompute and gradients: "sdpa_per_sequence" (SDPA on each sequence's heads-first copies)
-# or "varlen_flash" (torch's varlen flash attention on the packed rows, no copies). On an H100 (torch 2.11, 4 x
-# 2048 tokens, 32/4 heads of 128) SDPA per sequence took 1.57 ms and 183 MB, varlen flash 2.01 ms and 411 MB:
-# results/ops/policy_glue_h100_2026-12-05.json (tik-evo bench policy-glue times both).
-PACKED_BACKWARD = "sdpa_per_sequence"
+# The packed backward's recompute and gradients: "sdpa_per_sequence" (SDPA on each sequence's heads-first copies),
+# "varlen_flash" (torch's varlen flash attention on the packed rows in one call, no copies) or "auto" (varlen flash
+# on a GPU, else SDPA per sequence). At one fixed length SDPA per sequence was the faster on an H100 (torch 2.11,
+# 4 x 2048 tokens, 32/4 heads of 128: 1.57 against 2.01 ms, results/ops/policy_glue_h100_2026-12-05.json). RL
+# batches are not one length: per sequence means a host loop of SDPA calls and autograd graphs per sequence and
+# layer, and on Hopper SDPA picks cuDNN, which plans each new sequence length anew; varlen flash is one launch per
+# layer whatever the lengths (it is also arm A's backward in `tik-evo bench rl`, which times both settings).
+PACKED_BACKWARD = "auto"
+PACKED_BACKWARDS = ("auto", "varlen_flash", "sdpa_per_sequence")
 
 # Whether torch's varlen flash attention ran forward and backward in this process (None: not tried yet). A torch
 # without it, or failing at these shapes, falls back to SDPA per sequence once and for all, with one warning.
@@ -106,9 +107,23 @@ def _use_varlen(q: torch.Tensor) -> bool:
 
 def packed_backward_path(device: str | torch.device) -> str:
     """What the packed attention's backward ran in this process on `device`, for benchmark records."""
-    if torch.device(device).type != "cuda" or PACKED_BACKWARD != "varlen_flash":
+    if PACKED_BACKWARD not in PACKED_BACKWARDS:
+        raise ValueError(f"PACKED_BACKWARD {PACKED_BACKWARD!r}: expected one of {', '.join(PACKED_BACKWARDS)}")
+    if torch.device(device).type != "cuda" or PACKED_BACKWARD == "sdpa_per_sequence":
         return "sdpa_per_sequence"
     return {True: "varlen_flash", False: "sdpa_per_sequence (varlen failed)", None: "not run"}[_VARLEN["ok"]]
+
+
+def packed_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.Tensor):
+    """(dq, dk, dv) of the causal packed attention over rows bounds[b]..bounds[b + 1] (empty sequences allowed), as
+    PACKED_BACKWARD says; autograd must be recording."""
+    if PACKED_BACKWARD not in PACKED_BACKWARDS:
+        raise ValueError(f"PACKED_BACKWARD {PACKED_BACKWARD!r}: expected one of {', '.join(PACKED_BACKWARDS)}")
+    bounds = [b for i, b in enumerate(bounds) if i == 0 or b != bounds[i - 1]]  # empty sequences need no work
+    grads = None
+    if PACKED_BACKWARD != "sdpa_per_sequence" and _use_varlen(q) and len(bounds) > 1:
+        grads = _varlen_grads(q, k, v, bounds, sm_scale, grad_out)
+    return grads if grads is not None else _per_sequence_grads(q, k, v, bounds, sm_scale, grad_out)
 
 
 def _varlen_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.Tensor):
@@ -127,8 +142,10 @@ def _varlen_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.T
 
 
 def _per_sequence_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.Tensor):
-    grads = [torch.empty_like(t) for t in (q, k, v)]
+    grads = [torch.zeros_like(t) for t in (q, k, v)]  # rows of no sequence (bounds not from 0 to T) get zeros
     for lo, hi in zip(bounds, bounds[1:]):  # SDPA per sequence, on its heads-first copies
+        if lo == hi:
+            continue
         qs, ks, vs = (t[lo:hi].transpose(0, 1).unsqueeze(0).detach().requires_grad_() for t in (q, k, v))
         o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=sm_scale,
                                            enable_gqa=q.shape[1] != k.shape[1])

@@ -74,3 +74,36 @@ def test_no_test_loads_or_imports_a_benchmark():
         if re.search(r"import tik_evo_bench|from tik_evo_bench", text):
             importing.add(path.name)
     assert not importing, importing
+
+
+def test_audit_pick_takes_the_family_before_a_bare_set_name():
+    from tik_evo_bench.audit_gpu import pick
+
+    assert pick("attention:a, b,rmsnorm:root") == {"attention:a", "attention:b", "rmsnorm:root"}
+    with pytest.raises(SystemExit, match="no family"):
+        pick("a,attention:b")
+
+
+def test_audit_throughput_counts_offspring_after_the_root(tmp_path, capsys):
+    import json
+
+    def audit(impl, seconds, kind=None, held=None):
+        dev = {"gpu_lock": {"acquired_at": 0.0, "released_at": held}} if held else {}
+        return {"type": "audit", "impl": impl, "seconds": seconds, "failure_kind": kind, "device": dev,
+                "stages": [{"name": "small", "seconds": 2.0}]}
+
+    state = {"type": "state", "root": "I0", "budgets": {"wall_s": 130.0}, "root_objective": 7.0,
+             "best_objective": 7.0}
+    base, fast = tmp_path / "base.jsonl", tmp_path / "fast.jsonl"
+    base.write_text("\n".join(json.dumps(r) for r in (state, audit("I0", 10.0), audit("I1", 30.0))))
+    fast.write_text("\n".join(json.dumps(r) for r in (state, audit("I0", 10.0), audit("I1", 5.0, "screened", 4.0),
+                                                         audit("I2", 20.0, None, 18.0), audit("I3", 5.0, "screened"))))
+    out = tmp_path / "t.json"
+    assert main(["bench", "audit-throughput", f"base={base}", f"fast={fast}", "--out", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["base"]["offspring"] == 1 and runs["base"]["offspring_per_min"] == pytest.approx(0.5)
+    assert runs["fast"]["offspring"] == 3 and runs["fast"]["failures_by_kind"] == {"screened": 2, "verified": 1}
+    assert runs["fast"]["gpu_held_s"] == pytest.approx(22.0) and "fast 3.00x" in out.with_suffix(".md").read_text()
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"type": "audit"}))
+    assert main(["bench", "audit-throughput", f"x={tmp_path / 'bad.jsonl'}", "--out", str(out)]) == 2
+    assert "no state record" in capsys.readouterr().out

@@ -1,9 +1,11 @@
-"""Compile ahead (tik_evo.warm): calls noted by a run's first audit, replayed by a runner with no GPU that compiles
+"""Compile ahead (tik_evo.warm): calls noted by a run's first audits, replayed by a runner with no GPU that compiles
 for a named target (real Triton compiles for sm_90 on this CPU-only machine), the GPU held by one audit at a time."""
 
 import json
 import threading
 import time
+
+import torch
 
 from tik_evo import warm
 from tik_evo.audit import AuditJob, audit_slots, run_audit
@@ -61,28 +63,45 @@ def test_a_warm_pass_that_hangs_or_raises_is_a_report_not_a_verdict(tmp_path):
     assert report["failed"] == 2 and "no warm-up for you" in report["errors"][0]
 
 
-def test_the_first_audit_notes_its_calls_and_later_audits_compile_them_ahead(tmp_path):
+def widths_of(manifest):
+    return {c["kwargs"]["x"]["shape"][-1] for c in manifest["calls"]}
+
+
+def drawn_widths(tmp_path, impl):
+    return {c["hidden"] for c in json.loads((tmp_path / "audits" / impl / "result.json").read_text())["drawn_cases"]}
+
+
+def test_audits_note_their_calls_after_the_verdict_and_later_audits_compile_them_ahead(tmp_path):
     root = run_audit(tmp_path, AuditJob(FAMILY, ROOT_SRC, source_hash(ROOT_SRC), "I0", WORKLOADS, [0], EVALUATE,
                                         "cpu"))
     assert root.passed, root.failure
     manifest = json.loads((tmp_path / warm.MANIFEST).read_text())
-    names = {c["fn"] for c in manifest["calls"]}
-    assert names == {"rmsnorm_full", "rmsnorm_decode"}
-    widths = {c["kwargs"]["x"]["shape"][-1] for c in manifest["calls"]}
-    # The fixed cases (noted by the check shards too) and the workloads; never the audit's secret drawn case.
+    assert {c["fn"] for c in manifest["calls"]} == {"rmsnorm_full", "rmsnorm_decode"} and manifest["audits"] == 1
+    # The fixed cases (noted by the check shards too), the workloads and, its verdict written, the audit's drawn case.
     fixed = {c["hidden"] for c in FAMILY.check_cases("full")} | {w["hidden"] for w in WORKLOADS}
-    assert fixed <= widths
-    drawn = json.loads((tmp_path / "audits" / "I0" / "result.json").read_text())["drawn_cases"]
-    secret = {c["hidden"] for c in drawn} - fixed
-    assert secret and not secret & widths
+    drawn0 = drawn_widths(tmp_path, "I0")
+    assert drawn0 - fixed and fixed | drawn0 <= widths_of(manifest)
 
     child = write_knobs(ROOT_SRC, {**read_knobs(ROOT_SRC), "DECODE_ROWS_PER_PROGRAM": 2})
     h = source_hash(child)
     out = run_audit(tmp_path, AuditJob(FAMILY, child, h, "I1", WORKLOADS, [0], EVALUATE, "cpu"))
     assert out.passed, out.failure
     report = out.device["warm"]
+    # its warm pass replayed the manifest as it stood, the earlier draw included; never a call of its own draws
     assert report["calls"] == len(manifest["calls"]) and report["failed"] == 0, report
+    secret = drawn_widths(tmp_path, "I1") - fixed - drawn0
+    assert secret and not secret & widths_of(manifest)
     assert cubins(tmp_path / "triton" / h)  # compiled for sm_90 into the candidate's own cache directory
+    after = json.loads((tmp_path / warm.MANIFEST).read_text())
+    assert after["audits"] == 2 and secret <= widths_of(after)  # merged once I1's verdict was written
+    # past DRAWN_AUDITS audits the manifest stops growing (each warm pass replays all of it)
+    after["audits"] = warm.DRAWN_AUDITS
+    (tmp_path / warm.MANIFEST).write_text(json.dumps(after))
+    assert not warm.wants_notes(after) and warm.wants_notes(None) and warm.wants_notes({"calls": []})
+    notes = warm.Notes()
+    notes.add("rmsnorm_full", {"x": torch.empty(3, 7)})
+    notes.merge(tmp_path, [9, 0])
+    assert json.loads((tmp_path / warm.MANIFEST).read_text()) == after
 
 
 def test_audits_in_flight_hold_the_gpu_one_at_a_time(tmp_path):

@@ -555,14 +555,15 @@ def test_autograd_forward_is_the_kernels_and_gradients_match_the_reference(tmp_p
 
 
 def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_back_for_good(monkeypatch):
-    # The packed backward recomputes with SDPA per sequence; with PACKED_BACKWARD "varlen_flash" it does so on a
-    # GPU through torch's varlen flash attention in one call, and where that fails it warns once and uses SDPA
-    # per sequence from then on. Here a packed SDPA with a block-diagonal causal mask stands in for the flash
-    # kernel (the CPU has none): same gradients as the per-sequence path.
+    # The packed backward recomputes on a GPU through torch's varlen flash attention in one call (PACKED_BACKWARD
+    # "auto" or "varlen_flash"), with SDPA per sequence elsewhere or when asked; where varlen fails it warns once
+    # and uses SDPA per sequence from then on. Here a packed SDPA with a block-diagonal causal mask stands in for
+    # the flash kernel (the CPU has none): same gradients as the per-sequence path. Empty sequences (repeated
+    # bounds, as the transformers patch's padding segments give) cost no call and change nothing.
     from tik_evo_kernels.attention import autograd as ag
 
     impl = load(FAMILY.root_source())
-    bounds, HQ, HKV, D = [0, 7, 30, 31], 4, 2, 64
+    bounds, HQ, HKV, D = [0, 7, 7, 30, 31, 31], 4, 2, 64
     g = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn((31, h, D), generator=g).to(torch.bfloat16) for h in (HQ, HKV, HKV))
     grad_out = torch.randn((31, HQ, D), generator=g).to(torch.bfloat16)
@@ -573,7 +574,8 @@ def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_bac
         return [t.grad for t in leaves]
 
     def packed_sdpa(qs, ks, vs, cu, max_len, scale):
-        seq = torch.repeat_interleave(torch.arange(len(bounds) - 1), torch.tensor(bounds).diff())
+        seq = torch.repeat_interleave(torch.arange(cu.numel() - 1), cu.diff())
+        assert bool((cu.diff() > 0).all())  # the empty sequences were dropped
         pos = torch.arange(qs.shape[0])
         mask = (seq[:, None] == seq[None, :]) & (pos[None, :] <= pos[:, None])
         o = torch.nn.functional.scaled_dot_product_attention(
@@ -587,10 +589,13 @@ def test_packed_autograd_backward_takes_varlen_flash_once_it_works_and_falls_bac
     assert calls == [] and ag._VARLEN["ok"] is None
     monkeypatch.setattr(ag, "_use_varlen", lambda q: ag._VARLEN["ok"] is not False)
     monkeypatch.setattr(ag, "varlen_flash", packed_sdpa)
-    assert ag.PACKED_BACKWARD == "sdpa_per_sequence"  # the default (measured faster): not the varlen path
+    monkeypatch.setattr(ag, "PACKED_BACKWARD", "sdpa_per_sequence")
     assert all(torch.equal(a, b) for a, b in zip(grads(), per_sequence)) and calls == []
     assert ag.packed_backward_path("cuda") == "sdpa_per_sequence"
-    monkeypatch.setattr(ag, "PACKED_BACKWARD", "varlen_flash")
+    monkeypatch.setattr(ag, "PACKED_BACKWARD", "bogus")
+    with pytest.raises(ValueError, match="PACKED_BACKWARD 'bogus'"):
+        grads()
+    monkeypatch.setattr(ag, "PACKED_BACKWARD", "auto")  # the default: varlen where there is a GPU
     for ours, ref in zip(grads(), per_sequence):
         assert float((ours.double() - ref.double()).norm() / ref.double().norm()) < 1e-2
     assert calls == [23] and ag._VARLEN["ok"] is True  # one call over the whole batch, the longest sequence 23

@@ -80,3 +80,40 @@ def test_probe_keeps_agreeing_calls_and_drops_wrong_or_failing_ones():
 def test_without_a_decode_call_the_rollout_uses_sdpa():
     ops = VendorOps("cpu", {})
     assert ops.attention_decode is None and isinstance(ops, TorchOps)
+
+
+def test_flash_decode_in_place_gives_every_sequence_a_query_row(monkeypatch):
+    # Flash's one-query path folds the GQA heads into query rows and so needs exactly one query row per sequence
+    # (on an H100 an empty row for a finished sequence failed: "shape '[3, 2, 2, 128]' is invalid"). A CPU stand-in
+    # for torch's varlen wrapper with that rule: the in-place decode must still agree with the fp32 decode.
+    import torch.nn.attention.varlen as varlen
+
+    from tik_evo.rl.vendor import _flash
+
+    def fake_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), seqused_k=None):
+        n = cu_q.numel() - 1
+        assert max_q == 1  # decode only
+        if q.shape[1] != k.shape[1] and q.shape[0] != n:
+            raise RuntimeError(f"shape '[{n}, 2, 2, 128]' is invalid for input of size {q.numel()}")
+        out = torch.empty_like(q)
+        for b in range(n):
+            rows, used = slice(int(cu_q[b]), int(cu_q[b + 1])), int(seqused_k[b])
+            keys = slice(int(cu_k[b]), int(cu_k[b]) + used)
+            o = F.scaled_dot_product_attention(*(t[s].transpose(0, 1)[None].float() for t, s in
+                                                 ((q, rows), (k, keys), (v, keys))), scale=scale, enable_gqa=True)
+            out[rows] = o[0].transpose(0, 1).to(q.dtype)
+        return out
+
+    monkeypatch.setattr(varlen, "varlen_attn", fake_varlen)
+    notes: list[str] = []
+    in_place, gathered = _flash(notes)["attention_decode"]
+    ops = VendorOps("cpu", {"attention_decode": [in_place, gathered]})
+    assert "attention_decode (decode_in_place): vendor" in "\n".join(ops.notes), ops.notes
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn((2, 4, 128), generator=g).to(torch.bfloat16)
+    kc, vc = (torch.randn((4, 24, 2, 128), generator=g).to(torch.bfloat16) for _ in range(2))
+    live, lens = torch.tensor([1, 3]), torch.tensor([5, 24], dtype=torch.int32)
+    ref = decode_fp32(q, kc, vc, live, lens, 128 ** -0.5)
+    got = in_place(q, kc, vc, live, lens, 128 ** -0.5)
+    assert got.shape == ref.reshape(2, -1).shape
+    assert float((got.float() - ref.reshape(2, -1).float()).norm() / ref.float().norm()) < 1e-2

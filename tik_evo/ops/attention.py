@@ -94,11 +94,12 @@ def _(q, k, v, cu_seqlens, max_seqlen, sm_scale, kernels="root"):
 @custom_op("tik_evo::attention_packed_backward", mutates_args=())
 def attention_packed_backward(q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor, grad_out: Tensor,
                               sm_scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """(dq, dk, dv) of the packed prefill: SDPA per sequence (reads the bounds on the host: backward only)."""
-    from tik_evo_kernels.attention.autograd import _per_sequence_grads
+    """(dq, dk, dv) of the packed prefill: the family's packed backward (varlen flash on a GPU, else SDPA per
+    sequence; `kernels/attention/autograd.py`), reading the bounds on the host (backward only)."""
+    from tik_evo_kernels.attention.autograd import packed_grads
 
     with _autograd_inside_op(), torch.enable_grad():
-        return tuple(_per_sequence_grads(q, k, v, cu_seqlens.tolist(), sm_scale, grad_out))
+        return tuple(g.contiguous() for g in packed_grads(q, k, v, cu_seqlens.tolist(), sm_scale, grad_out))
 
 
 @attention_packed_backward.register_fake

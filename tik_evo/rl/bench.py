@@ -44,6 +44,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--end-fraction", type=float, default=0.0,
                     help="share of the vocabulary that also ends a completion (random-weight throughput runs)")
     ap.add_argument("--micro-batch", type=int, default=8, help="sequences per packed training forward")
+    ap.add_argument("--packed-backward", choices=("auto", "varlen_flash", "sdpa_per_sequence"), default="auto",
+                    help="arm B's packed attention backward (kernels/attention/autograd.py PACKED_BACKWARD; auto: "
+                         "varlen flash on a GPU)")
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
@@ -83,8 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     from tik_evo.rl.shapes import shape
     from tik_evo.rl.task import AdditionTask
     from tik_evo.rl.trainer import GRPOConfig, GRPOTrainer
+    from tik_evo_kernels.attention import autograd as attention_autograd
     from tik_evo_kernels.decoder import with_sets
     from tik_evo_kernels.moe_decoder import FAMILIES, MoEDecoder
+
+    attention_autograd.PACKED_BACKWARD = args.packed_backward
 
     try:
         arms = parse_arms(args.arms)
@@ -168,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
             del t
             if device == "cuda":
                 torch.cuda.empty_cache()
+    record["packed_backward"] = {"setting": args.packed_backward,
+                                 "ran": attention_autograd.packed_backward_path(device)}
     save(True)
     out.with_suffix(".md").write_text(markdown(record))
     print(f"wrote {out} and {out.with_suffix('.md')}")

@@ -71,4 +71,7 @@ def markdown(record: dict) -> str:
                   "from an `--order sequential` run.", ""]
     for name, arm in record["arms"].items():
         lines.append(f"- {name}: {arm['doc']}. " + "; ".join(arm["notes"]))
+    if record.get("packed_backward"):
+        pb = record["packed_backward"]
+        lines.append(f"- the unified kernels' packed attention backward: {pb['ran']} (setting {pb['setting']})")
     return "\n".join(lines) + "\n"

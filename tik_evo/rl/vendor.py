@@ -3,8 +3,8 @@
 `VendorOps` is `TorchOps(native=True)` (bf16 cuBLAS linear layers, `torch._grouped_mm` experts, SDPA) with these
 calls replaced where the replacement imports and passes a probe on this device:
 - attention: torch's varlen flash attention (`torch.nn.attention.varlen`) for the packed prefill and training
-  forward, and for decode reading every sequence's cache in place (`seqused_k`, finished sequences given no query
-  row), else over a gathered copy of the live sequences' caches;
+  forward, and for decode reading every sequence's cache in place (`seqused_k`; finished sequences get a dummy
+  query row whose output is dropped), else over a gathered copy of the live sequences' caches;
 - Liger-Kernel: RMSNorm (also per head, for QK norm), fused add + RMSNorm, RoPE, SwiGLU (SiLU-and-mul), its
   cross-entropy for the log-probs (reduction "none": -log p of each target) and, for the training forward, its fused
   linear cross-entropy (lm_head and log-prob in one chunked call: `linear_logprob`).
@@ -104,17 +104,17 @@ def _flash(notes: list[str]) -> dict:
                                                        seqused_k=used)[0]
 
     def decode_in_place(q, k_cache, v_cache, live, lens, scale):
-        # Every sequence's cache read where it lies ([sequences * capacity] rows), no copy: a finished sequence
-        # gets no query row (an empty sequence in cu_seq_q); `live` is ascending, as the rollout keeps it.
+        # Every sequence's cache read where it lies ([sequences * capacity] rows), no copy. The flash kernel's
+        # one-query path folds the GQA heads into query rows and needs one query row for every sequence (an empty
+        # one fails its reshape), so a finished sequence gets a zero query over its first key, its output dropped.
         b, cap = k_cache.shape[:2]
-        rows = torch.zeros(b + 1, device=q.device, dtype=torch.int32)
-        rows[live + 1] = 1
-        used = torch.zeros(b, device=q.device, dtype=torch.int32)
+        q_all = q.new_zeros((b, *q.shape[1:]))
+        q_all[live] = q
+        used = torch.ones(b, device=q.device, dtype=torch.int32)
         used[live] = lens.to(torch.int32)
-        cu_k = torch.arange(b + 1, device=q.device, dtype=torch.int32) * cap
-        o = decode_call(q, k_cache.flatten(0, 1), v_cache.flatten(0, 1), rows.cumsum(0, dtype=torch.int32), cu_k,
-                        cap, used, scale)
-        return o.reshape(q.shape[0], -1)
+        cu = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+        o = decode_call(q_all, k_cache.flatten(0, 1), v_cache.flatten(0, 1), cu, cu * cap, cap, used, scale)
+        return o[live].reshape(q.shape[0], -1)
 
     def decode_gathered(q, k_cache, v_cache, live, lens, scale):
         n, cap = q.shape[0], k_cache.shape[1]
