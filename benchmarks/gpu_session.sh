@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: fill the bare GPU image's missing packages from .whl/ (see shared wheelhouse), then run the
 # measurements named in $@ (attention VARIANTS_JSON | attention_ab VARIANTS_JSON | attention_ws | attention_ncu VARIANTS_JSON CELLS | attention_prefill_ncu VARIANTS_JSON CELLS | attention_grid | attention_full | attention_packed | campaign_attention |
-# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_gluon_decode | paged_decode | screen_ab CAMPAIGN | rl | hf), each under its own
+# model | model_moe | model_graphs | model_speed | policy | policy_attention_ab | policy_glue | norm_backward | linear_backward | concurrent CAMPAIGN | linear_grouped | family_checks FAMILIES | knob_moves FAMILIES | rowwise_sweep | rowwise_ncu CELLS | ops FAMILIES | routing_variants VARIANTS_JSON | rowwise FAMILIES | linear_variants VARIANTS_JSON | linear_ncu VARIANTS_JSON CELLS | matmul FAMILIES | linear_full_ab FILE | campaign FILE | audit_profile FAMILY KNOBS | attention_host | attention_gluon_decode | paged_decode | screen_ab CAMPAIGN | ray_ab CAMPAIGN | rl | hf), each under its own
 # time limit, writing under $OUT. Keeps going when one step fails so one call measures everything it can. Each step
 # runs a `tik-evo bench` suite as `python3 -m tik_evo.cli bench NAME` (PYTHONPATH=$PWD: importing tik_evo maps
 # tik_evo_bench and tik_evo_kernels to benchmarks/ and kernels/).
@@ -13,6 +13,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 if ls .whl_hf/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     .whl_hf/*.whl >/dev/null 2>&1 || echo "hf wheel install failed"
+fi
+# Ray Core, slimmed to fit a call (benchmarks/ray_wheel.sh builds .whl_ray), for the ray_ab step
+if ls .whl_ray/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl_ray/*.whl >/dev/null 2>&1 || echo "ray wheel install failed"
 fi
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader
@@ -212,6 +217,18 @@ while [ $# -gt 0 ]; do
         python3 -m tik_evo.cli export $run -o "$OUT/screen_$sc.jsonl" && gzip -f "$OUT/screen_$sc.jsonl"
         python3 -m tik_evo.cli bench campaign-summary $run "$OUT/screen_$sc.json" 2>&1 | tail -3
       done ;;
+    ray_ab) c=$1; shift  # one campaign with the local executor, then through a local Ray cluster: audits per minute
+      # RAY_WALL_S / RAY_EVALS; RAY_ARGS: overrides for both; then bench audit-throughput over the two exports
+      for ex in local ray; do
+        run=/tmp/runs/ray_ab_$ex; t0=$(date +%s)
+        extra="evaluate.executor=auto"; [ $ex = ray ] && extra="evaluate.executor=ray evaluate.ray.address=local"
+        timeout $(( ${RAY_WALL_S:-150} + 90 )) python3 -m tik_evo.cli run "$c" search.max_evaluations=${RAY_EVALS:-40} \
+          search.wall_time_s=${RAY_WALL_S:-150} search.seed=0 ${RAY_ARGS:-} $extra store.path=$run 2>&1 | tail -3
+        echo "executor $ex: $(( $(date +%s) - t0 )) s"; python3 -m tik_evo.cli status $run | tail -12
+        python3 -m tik_evo.cli export $run -o "$OUT/ray_ab_$ex.jsonl" && gzip -f "$OUT/ray_ab_$ex.jsonl"
+      done
+      python3 -m tik_evo.cli bench audit-throughput local="$OUT/ray_ab_local.jsonl.gz" ray="$OUT/ray_ab_ray.jsonl.gz" \
+        --out "$OUT/ray_ab.json" 2>&1 | tail -6 ;;
     rl)  # the GRPO bench: arms A (vendor stack + recompute), B (unified kernels), C; RL_ARGS overrides the shape
       timeout ${RL_TIMEOUT_S:-300} python3 -m tik_evo.cli bench rl --arms A,B,C ${RL_ARGS:---model qwen3-0.6b-shape \
         --end-fraction 0.004 --steps 4 --skip 1 --prompts 8 --group 8 --prompt-len 64 --max-new 256} \
