@@ -119,7 +119,12 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
     try:
         with warm.gpu_lock(Path(job.run_dir), res.data.setdefault("gpu_lock", {})), \
                 _deadline(res, float(job.evaluate.get("timeout_s", 300))):
-            _judge(job, res, device, family, secret, opts, cases, note, n_fixed)
+            try:
+                _judge(job, res, device, family, secret, opts, cases, note, n_fixed)
+            finally:  # nothing the candidate started outlives its hold of the GPU (another audit's timing is next)
+                from tik_evo import sandbox
+
+                sandbox.kill_descendants()
     finally:
         res.flush()  # the lock's release time
 
