@@ -63,48 +63,68 @@ class Shard:
     result: Path
     log: Path
     gate: int = -1  # the write end of the shard's gate (`gated` shards wait for `release` before their cases)
+    start: int = -1  # the write end of the shard's start gate (every shard waits for `begin` before it loads)
 
 
 def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Path, note: bool = False,
           fresh_from: int | None = None, gated: bool = False) -> list[Shard]:
-    """Fork one process per share of ``all_cases``; each starts a runner of its own for the candidate. Call
-    before anything initialises CUDA. ``note``: note the calls the checks make (tik_evo.warm);
-    ``fresh_from``: the first drawn case (see `deal`); ``gated``: each shard starts its runner, then waits for
-    `release` before its first case (nothing of it runs on the GPU while the judge screens the candidate)."""
+    """Fork one process per share of ``all_cases``; each starts a runner of its own for the candidate (its CUDA
+    context included) and waits for `begin` before the runner loads the candidate. Call before anything
+    initialises CUDA. ``note``: note the calls the checks make (tik_evo.warm); ``fresh_from``: the first drawn
+    case (see `deal`); ``gated``: each shard loads the candidate, then waits for `release` before its first case
+    (nothing of it runs on the GPU while the judge screens the candidate)."""
     out = []
     for i, cases in enumerate(deal(len(all_cases), shards, fresh_from)):
         result, log = work / f"shard{i}.json", work / f"shard{i}.log"
         result.unlink(missing_ok=True)
         read_end, write_end = os.pipe() if gated else (-1, -1)
+        start_read, start_write = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
-        if pid == 0:
-            if gated:  # this shard's and the earlier shards' write ends belong to the judge alone
-                for fd in (write_end, *(s.gate for s in out)):
+        if pid == 0:  # this shard's and the earlier shards' write ends belong to the judge alone
+            for fd in (write_end, start_write, *(s.gate for s in out), *(s.start for s in out)):
+                if fd >= 0:
                     os.close(fd)
-            _child(job, all_cases, cases, result, log, note, read_end)
+            _child(job, all_cases, cases, result, log, note, read_end, start_read)
         if gated:
             os.close(read_end)
-        out.append(Shard(pid, cases, result, log, write_end))
+        os.close(start_read)
+        out.append(Shard(pid, cases, result, log, write_end, start_write))
     return out
+
+
+def begin(shards: list[Shard]) -> None:
+    """Let the shards load the candidate into their runners."""
+    for s in shards:
+        _open(s, "start")
+
+
+def _open(shard: Shard, which: str) -> None:
+    fd = getattr(shard, which)
+    if fd >= 0:
+        try:
+            os.write(fd, b"1")
+        except BrokenPipeError:  # the shard has died; `collect` reports it
+            pass
+        os.close(fd)
+        setattr(shard, which, -1)
 
 
 def release(shards: list[Shard]) -> None:
     """Let gated shards start their cases."""
     for s in shards:
-        if s.gate >= 0:
-            os.write(s.gate, b"1")
-            os.close(s.gate)
-            s.gate = -1
+        _open(s, "gate")
 
 
 def stop(shards: list[Shard]) -> None:
     """Kill and reap the shards not yet collected (the small stage failed: the full stage will not run)."""
     for s in shards:
-        if s.gate >= 0:
-            os.close(s.gate)
-            s.gate = -1
+        for which in ("gate", "start"):
+            fd = getattr(s, which)
+            if fd >= 0:
+                os.close(fd)
+                setattr(s, which, -1)
     live = [s for s in shards if s.pid]
     for s in live:
         try:
@@ -164,16 +184,26 @@ def collect(shards: list[Shard], n_cases: int) -> Collected:
 
 
 def _child(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, log: Path,
-           note: bool, gate: int = -1) -> None:
+           note: bool, gate: int = -1, start: int = -1) -> None:
     die_with_parent()  # the worker's death (a crash in its small stage, say) takes the shard down
-    forked_child(log, lambda: run(job, all_cases, cases, result, note, gate))
+    forked_child(log, lambda: run(job, all_cases, cases, result, note, gate, start))
+
+
+def _wait(fd: int) -> bool:
+    """Wait on a gate: True once the judge opens it, False at EOF without a byte (the judge stopped the audit)."""
+    if fd < 0:
+        return True
+    go = os.read(fd, 1)
+    os.close(fd)
+    return bool(go)
 
 
 def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], result: Path, note: bool = False,
-        gate: int = -1) -> None:
+        gate: int = -1, start: int = -1) -> None:
     """A shard's work: its cases at the "full" level, every seed, on a runner of its own; the result file
-    rewritten after each case. ``gate``: a pipe to wait on before the first case (EOF without a byte: the judge
-    stopped the audit there, and the shard exits)."""
+    rewritten after each case. ``start``: a pipe to wait on, the runner started, before the candidate is loaded;
+    ``gate``: one to wait on before the first case (either: EOF without a byte, the judge stopped the audit there,
+    and the shard exits)."""
     from tik_evo import sandbox
     from tik_evo.families import load_family
     from tik_evo.remote import CandidateError, Runner, connect
@@ -185,16 +215,15 @@ def run(job: WorkerJob, all_cases: list[dict[str, Any]], cases: list[int], resul
     opts = sandbox_options(job)
     try:
         runner = Runner.fork(job.device, opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
+        if not _wait(start):
+            return
         impl = connect(runner, family, job.source)
     except CandidateError as e:
         data["error"] = {"case": cases[0], "text": str(e), "kind": error_kind(e), "type": e.type_name}
         _write(result, data)
         return
-    if gate >= 0:
-        go = os.read(gate, 1)
-        os.close(gate)
-        if not go:
-            return
+    if not _wait(gate):
+        return
     if note:
         from tik_evo.warm import Notes
 

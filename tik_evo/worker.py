@@ -113,20 +113,25 @@ def _stages(job: WorkerJob, res: Result, device: str) -> None:
     n_fixed = len(cases) - len(drawn)
     note = _warm_pass(job, opts, res, device)
     in_flight = int(job.evaluate.get("in_flight", 1))
-    if in_flight < 2:
-        _judge(job, res, device, family, secret, opts, cases, note, n_fixed)
-        return
+    hold = contextlib.nullcontext if in_flight < 2 else (lambda: _held_gpu(job, res))
     try:
-        with warm.gpu_lock(Path(job.run_dir), res.data.setdefault("gpu_lock", {})), \
-                _deadline(res, float(job.evaluate.get("timeout_s", 300))):
-            try:
-                _judge(job, res, device, family, secret, opts, cases, note, n_fixed)
-            finally:  # nothing the candidate started outlives its hold of the GPU (another audit's timing is next)
-                from tik_evo import sandbox
-
-                sandbox.kill_descendants()
+        _judge(job, res, device, family, secret, opts, cases, note, n_fixed, hold)
     finally:
         res.flush()  # the lock's release time
+
+
+@contextlib.contextmanager
+def _held_gpu(job: WorkerJob, res: Result):
+    """The GPU alone among the run's audits in flight, the candidate given `evaluate.timeout_s` from taking it;
+    nothing the candidate started outlives the hold (another audit's timing may come next)."""
+    from tik_evo import sandbox
+
+    with warm.gpu_lock(Path(job.run_dir), res.data.setdefault("gpu_lock", {})), \
+            _deadline(res, float(job.evaluate.get("timeout_s", 300))):
+        try:
+            yield
+        finally:
+            sandbox.kill_descendants()
 
 
 @contextlib.contextmanager
@@ -177,14 +182,16 @@ def _warm_pass(job: WorkerJob, opts: dict[str, Any], res: Result, device: str) -
 
 
 def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Random, opts: dict[str, Any],
-           cases: list[dict[str, Any]], note: bool, n_fixed: int) -> None:
+           cases: list[dict[str, Any]], note: bool, n_fixed: int, hold) -> None:
+    """Fork every process that will run candidate code, before this process touches CUDA and before the GPU is
+    held (their CUDA contexts start meanwhile, with no candidate code in them); then, within ``hold()``, load the
+    candidate into them and judge it."""
     from tik_evo import shards
-    from tik_evo.remote import CandidateError, Runner, connect
+    from tik_evo.remote import CandidateError, Runner
 
     t0 = time.time()
     phases = res.data.setdefault("phases", {})  # where an audit's time goes besides its stages
     phases["judge_started_at"] = t0
-    # Every process that runs candidate code forks now, before this process touches CUDA.
     procs = shards.count(int(job.evaluate.get("check_procs", 0)), len(cases))
     screening = bool(job.screen) and job.time
     forked = shards.start(job, cases, procs, Path(job.result_path).parent, note,
@@ -194,16 +201,39 @@ def _judge(job: WorkerJob, res: Result, device: str, family, secret: random.Rand
         runner = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"], opts["cache_read"])
         if job.best_source and job.time:
             best = Runner.fork(device, opts["mode"], opts["hide"], opts["cache_dir"].parent / job.best_hash)
+    except CandidateError as e:
+        shards.stop(forked)
+        _import_failed(res, device, t0, e)
+        return
+    phases["runners_forked_at"] = time.time()
+    with hold():
+        shards.begin(forked)  # the shards load the candidate: its code runs from here on, the GPU held
+        _judge_held(job, res, device, family, secret, cases, note, forked, runner, best, screening)
+
+
+def _import_failed(res: Result, device: str, t0: float, e) -> None:
+    res.data["device"] = _device_info(device)
+    res.stage("import", False, t0, error=str(e), kind=e.kind if e.kind in ("sandbox", "crash", "timeout", "tamper")
+              else "import")
+
+
+def _judge_held(job: WorkerJob, res: Result, device: str, family, secret: random.Random,
+                cases: list[dict[str, Any]], note: bool, forked: list, runner, best, screening: bool) -> None:
+    """The stages, the candidate loaded into the runners forked for it (see `_judge`)."""
+    from tik_evo import shards
+    from tik_evo.remote import CandidateError, connect
+
+    t0 = time.time()
+    phases = res.data["phases"]
+    try:
         res.data["sandbox"] = runner.sandbox
         impl = connect(runner, family, job.source)
     except CandidateError as e:
         shards.stop(forked)
-        res.data["device"] = _device_info(device)
-        res.stage("import", False, t0, error=str(e), kind=e.kind if e.kind in ("sandbox", "crash", "timeout", "tamper")
-                  else "import")
+        _import_failed(res, device, t0, e)
         return
     res.stage("import", True, t0)
-    phases["runners_and_connect_s"] = time.time() - t0
+    phases["candidate_loaded_at"] = time.time()
     if note:
         impl.notes = warm.Notes()
     res.data["device"] = _device_info(device)

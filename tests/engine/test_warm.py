@@ -149,6 +149,11 @@ def test_a_run_with_audits_in_flight_compiles_ahead_and_holds_the_gpu_one_at_a_t
     holds = sorted((u.device["gpu_lock"]["acquired_at"], u.device["gpu_lock"]["released_at"])
                    for u in audits if u.device.get("gpu_lock"))
     assert len(holds) >= 3 and all(a[1] <= b[0] for a, b in zip(holds, holds[1:]))
+    # Runners (and on a GPU their CUDA contexts) start before the hold; the candidate is loaded only within it.
+    for u in audits:
+        if u.device.get("gpu_lock"):
+            ph, lock = u.device["phases"], u.device["gpu_lock"]
+            assert ph["runners_forked_at"] <= lock["acquired_at"] <= ph["candidate_loaded_at"] <= lock["released_at"]
 
 
 def test_a_candidate_that_hangs_holding_the_gpu_times_out_after_timeout_s(tmp_path):
