@@ -89,6 +89,9 @@ def status(store: Store) -> Group:
     spent = audit_time(snap["U"], st.root)
     if spent:
         head.add_row("audit time", spent)
+    rate = throughput(snap["U"], st.root, b["wall_s"])
+    if rate:
+        head.add_row("throughput", rate)
     head.add_row("frontier / archive", f"{', '.join(st.frontier)} / {', '.join(st.archive) or '-'}")
     if st.finished:
         head.add_row("finished", st.finished["reason"])
@@ -130,6 +133,22 @@ def audit_time(audits: list[Any], root: str | None) -> str:
                        if statistics.mean(v) >= 0.05)
     return f"{statistics.mean(a.seconds for a in spent):.1f} s mean over {len(spent)} offspring" + \
         (f" ({stages})" if stages else "")
+
+
+def throughput(audits: list[Any], root: str | None, wall_s: float) -> str:
+    """Offspring audited per minute of the run's wall time after the root's audit and, with audits in flight
+    (`evaluate.in_flight`), the GPU held per offspring: what the audit's settings buy a search."""
+    spent = offspring_audits(audits, root)
+    root_s = next((a.seconds for a in audits if a.impl == root and a.seconds), 0.0)
+    after = wall_s - root_s
+    if not spent or after <= 0:
+        return ""
+    out = f"{60.0 * len(spent) / after:.2f} offspring/min after the root's audit"
+    holds = [a.device["gpu_lock"]["released_at"] - a.device["gpu_lock"]["acquired_at"] for a in spent
+             if (a.device.get("gpu_lock") or {}).get("released_at")]
+    if holds:
+        out += f"; GPU held {statistics.mean(holds):.1f} s per offspring (audits in flight)"
+    return out
 
 
 def operator_accounting(actions: list[Any]) -> dict[str, tuple[int, int, int, int, float]]:

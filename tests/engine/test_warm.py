@@ -2,6 +2,7 @@
 for a named target (real Triton compiles for sm_90 on this CPU-only machine), the GPU held by one audit at a time."""
 
 import json
+import re
 import threading
 import time
 
@@ -132,7 +133,7 @@ def test_in_flight_multiplies_the_slots_of_each_gpu():
         == [3, 3, 3]
 
 
-def test_a_run_with_audits_in_flight_compiles_ahead_and_holds_the_gpu_one_at_a_time(tmp_path):
+def test_a_run_with_audits_in_flight_compiles_ahead_and_holds_the_gpu_one_at_a_time(tmp_path, capsys):
     from tik_evo.cli import main
     from tik_evo.store import Store
 
@@ -154,6 +155,10 @@ def test_a_run_with_audits_in_flight_compiles_ahead_and_holds_the_gpu_one_at_a_t
         if u.device.get("gpu_lock"):
             ph, lock = u.device["phases"], u.device["gpu_lock"]
             assert ph["runners_forked_at"] <= lock["acquired_at"] <= ph["candidate_loaded_at"] <= lock["released_at"]
+    capsys.readouterr()
+    assert main(["status", str(tmp_path / "run")]) == 0  # what the settings buy: offspring a minute, GPU held
+    status = " ".join(capsys.readouterr().out.split())
+    assert re.search(r"throughput \d+\.\d\d offspring/min after the root's audit; GPU held \d+\.\d s per", status)
 
 
 def test_a_candidate_that_hangs_holding_the_gpu_times_out_after_timeout_s(tmp_path):
