@@ -231,8 +231,8 @@ while [ $# -gt 0 ]; do
         --out "$OUT/ray_ab.json" 2>&1 | tail -6 ;;
     rl)  # the GRPO bench: arms A (vendor stack + recompute), B (unified kernels), C; RL_ARGS overrides the shape
       timeout ${RL_TIMEOUT_S:-300} python3 -m tik_evo.cli bench rl --arms A,B,C ${RL_ARGS:---model qwen3-0.6b-shape \
-        --end-fraction 0.004 --steps 4 --skip 1 --prompts 8 --group 8 --prompt-len 64 --max-new 256} \
-        --out "$OUT/rl.json" 2>&1 | grep -v Warning | tail -24 ;;
+        --end-fraction 0.004 --steps 4 --skip 1 --prompts 8 --group 8 --prompt-len 64 --max-new 256 --profile} \
+        --out "$OUT/rl${RL_TAG:-}.json" 2>&1 | grep -v Warning | tail -24 ;;
     hf)  # the transformers patch: bits generate vs training, speed vs Liger's patch with a profile, inductor
       timeout ${HF_TIMEOUT_S:-280} python3 -m tik_evo.cli bench hf --profile ${HF_ARGS:---batches 2 --batch 64 --rounds 2} \
         --out "$OUT/hf.json" 2>&1 | grep -v Warning | tail -16 ;;

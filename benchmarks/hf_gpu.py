@@ -36,6 +36,7 @@ if "--smoke" in sys.argv:  # the interpreter must be chosen before triton is imp
 
 import torch
 
+from tik_evo.profiling import profile_call
 from tik_evo_bench.common import header, write_json
 
 # Published shapes of the two models (their config.json values), depth settable with --layers.
@@ -143,47 +144,6 @@ def timed(fn, reps: int, device: str) -> float:
     return statistics.median(times)
 
 
-def profile(fn, device: str, top: int = 15) -> list[dict]:
-    """The kernels (or, on the CPU, the ops) that took most device time in one call of fn: where a column's
-    forward + backward goes, for the record."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    fn()  # compiled and warm
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with torch_profile(activities=acts) as prof:
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-    rows = []
-    for e in prof.key_averages():
-        t = e.self_device_time_total if device == "cuda" else e.self_cpu_time_total
-        if t > 0:
-            rows.append({"name": e.key[:160], "calls": e.count, "self_ms": t / 1e3})
-    return sorted(rows, key=lambda r: -r["self_ms"])[:top]
-
-
-def profile_totals(fn, device: str) -> dict:
-    """Wall time of one call of fn against the device time of its kernels (GPU) and the host's time in ops: a
-    column whose wall time far exceeds its kernels' is bound by the host (launches, syncs, Python)."""
-    from torch.profiler import ProfilerActivity
-    from torch.profiler import profile as torch_profile
-
-    fn()
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    t0 = time.perf_counter()
-    with torch_profile(activities=acts) as prof:
-        fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
-    wall = (time.perf_counter() - t0) * 1e3
-    events = prof.key_averages()
-    kernels = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
-    host = sorted(({"name": e.key[:160], "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3}
-                   for e in events if e.self_cpu_time_total > 0), key=lambda r: -r["self_cpu_ms"])
-    return {"wall_ms_profiled": wall, "kernel_ms": kernels / 1e3, "top_host_ops": host[:12]}
-
-
 def liger_patch(name: str, model):
     """Liger-Kernel on `model` (RoPE, RMSNorm, SwiGLU; no fused cross-entropy: log-probs are needed), and the
     modeling module whose rotary function it replaces process-wide (so the plain model can be given its own back
@@ -251,8 +211,8 @@ def speed(patched, plain, liger, rotary, args, shape, device) -> dict:
             def step(fn=fn, which=which):
                 models[which].zero_grad(set_to_none=True)
                 fn().sum().backward()
-            out["profile"][which] = profile(step, device)
-            out.setdefault("profile_totals", {})[which] = profile_totals(step, device)
+            step()  # warm
+            out["profile"][which] = profile_call(step, device)
     rope_for("plain")
     for which in runs:
         out["forward_ms"][which] = statistics.median(samples[which])
@@ -309,7 +269,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the models")
     ap.add_argument("--compile-backend", default="inductor")
     ap.add_argument("--profile", action="store_true",
-                    help="record the top kernels of one forward+backward of each column (torch.profiler)")
+                    help="record one forward+backward of each column under torch.profiler: wall against kernel "
+                         "time, the top kernels and host ops")
     ap.add_argument("--no-liger", action="store_true", help="skip the Liger-Kernel column")
     ap.add_argument("--attention-set", default="", help="a named set of the attention family for the patch")
     ap.add_argument("--seed", type=int, default=0)

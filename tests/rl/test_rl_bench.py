@@ -10,7 +10,7 @@ def test_runner_writes_every_arms_steps_and_a_summary(tmp_path, capsys):
     out = tmp_path / "rl" / "grpo.json"
     rc = bench.main(["--model", "tiny", "--arms", "A,B,C", "--steps", "2", "--prompts", "1", "--group", "2",
                      "--digits", "1", "--max-new", "2", "--micro-batch", "2", "--lr", "1e-3", "--sft-steps", "1",
-                     "--device", "cpu", "--out", str(out)])
+                     "--device", "cpu", "--profile", "--out", str(out)])
     assert rc == 0, capsys.readouterr().out
     rec = json.loads(out.read_text())
     assert rec["kind"] == "rl_grpo" and not rec["timed"] and rec["shape"]["max_pos"] == 4 + 3  # a 2-digit sum and EOS
@@ -25,6 +25,12 @@ def test_runner_writes_every_arms_steps_and_a_summary(tmp_path, capsys):
     assert summary["arms"]["A"]["mean_phase_s"]["recompute"] > 0 and summary["B_over_A_throughput"] is not None
     md = out.with_suffix(".md").read_text()
     assert "No speed figures" in md and "| B |" in md and "exactly 1.0 every step" in md
+    # --profile: one more step of each arm under the profiler, outside the steps timed
+    for name, arm in rec["arms"].items():
+        prof = arm["profile"]
+        assert prof["wall_ms"] > 0 and prof["kernel_ms"] is None and prof["top_host_ops"], name
+        assert f"- {name}, one profiled step: wall" in md
+    assert rec["packed_backward"] == {"setting": "auto", "ran": "sdpa_per_sequence"}  # no GPU: no varlen flash
 
 
 def test_runner_refuses_bad_arguments(tmp_path, capsys):

@@ -53,6 +53,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--set", action="append", default=[], metavar="FAMILY=NAME",
                     help="arm B's kernel for FAMILY as that named knob set (repeatable), e.g. attention=hopper")
     ap.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed steps, one more step of each arm under torch.profiler (not in the times): "
+                         "wall against kernel time, the top kernels and host ops")
     ap.add_argument("--device", default=None, help="cuda or cpu (default: cuda where available)")
     ap.add_argument("--out", required=True, help="the JSON record; the markdown summary is written beside it")
     return ap.parse_args(argv)
@@ -162,15 +165,25 @@ def main(argv: list[str] | None = None) -> int:
         rec["sft_s"] = time.perf_counter() - t0
         return t
 
+    def profiled(trainer) -> None:
+        if args.profile:
+            from tik_evo.profiling import profile_call
+
+            record["arms"][trainer.arm.name]["profile"] = profile_call(trainer.step, device)
+            save(False)
+
     if args.order == "interleaved":
         trainers = [start(a) for a in arms]
         for _ in range(args.steps):
             for t in trainers:
                 run(t, 1)
+        for t in trainers:
+            profiled(t)
     else:
         for a in arms:
             t = start(a)
             run(t, args.steps)
+            profiled(t)
             del t
             if device == "cuda":
                 torch.cuda.empty_cache()

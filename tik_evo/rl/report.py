@@ -71,6 +71,13 @@ def markdown(record: dict) -> str:
                   "from an `--order sequential` run.", ""]
     for name, arm in record["arms"].items():
         lines.append(f"- {name}: {arm['doc']}. " + "; ".join(arm["notes"]))
+    for name, arm in record["arms"].items():
+        prof = arm.get("profile")
+        if prof:
+            kern = "" if prof["kernel_ms"] is None else f", kernels {prof['kernel_ms']:.0f} ms"
+            tops = "; ".join(f"{k['name'][:60]} {k['ms']:.0f} ms" for k in prof["top_kernels"][:4])
+            lines.append(f"- {name}, one profiled step: wall {prof['wall_ms']:.0f} ms{kern}" + (f" ({tops})" if tops
+                                                                                             else ""))
     if record.get("packed_backward"):
         pb = record["packed_backward"]
         lines.append(f"- the unified kernels' packed attention backward: {pb['ran']} (setting {pb['setting']})")
