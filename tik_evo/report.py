@@ -135,20 +135,27 @@ def audit_time(audits: list[Any], root: str | None) -> str:
         (f" ({stages})" if stages else "")
 
 
-def throughput(audits: list[Any], root: str | None, wall_s: float) -> str:
-    """Offspring audited per minute of the run's wall time after the root's audit and, with audits in flight
-    (`evaluate.in_flight`), the GPU held per offspring: what the audit's settings buy a search."""
+def throughput_figures(audits: list[Any], root: str | None, wall_s: float) -> tuple[float, float | None] | None:
+    """(offspring audited per minute of the run's wall time after the root's audit, the mean GPU hold per
+    offspring with audits in flight or None), or None before any offspring: what the audit's settings buy."""
     spent = offspring_audits(audits, root)
     root_s = next((a.seconds for a in audits if a.impl == root and a.seconds), 0.0)
     after = wall_s - root_s
     if not spent or after <= 0:
-        return ""
-    out = f"{60.0 * len(spent) / after:.2f} offspring/min after the root's audit"
+        return None
     holds = [a.device["gpu_lock"]["released_at"] - a.device["gpu_lock"]["acquired_at"] for a in spent
              if (a.device.get("gpu_lock") or {}).get("released_at")]
-    if holds:
-        out += f"; GPU held {statistics.mean(holds):.1f} s per offspring (audits in flight)"
-    return out
+    return 60.0 * len(spent) / after, statistics.mean(holds) if holds else None
+
+
+def throughput(audits: list[Any], root: str | None, wall_s: float) -> str:
+    """`throughput_figures` in words (`tik-evo status`)."""
+    figures = throughput_figures(audits, root, wall_s)
+    if figures is None:
+        return ""
+    per_min, held = figures
+    out = f"{per_min:.2f} offspring/min after the root's audit"
+    return out + (f"; GPU held {held:.1f} s per offspring (audits in flight)" if held is not None else "")
 
 
 def operator_accounting(actions: list[Any]) -> dict[str, tuple[int, int, int, int, float]]:

@@ -156,7 +156,10 @@ async def test_run_bar_counts_the_one_knob_moves_left(live_run, text):
 
     with Store.open_writer(live_run) as s, s.transaction() as txn:
         txn.state["moves"] = {"of": "I3", "left": [{"knob.BLOCK_H": 0}] * 3, "skip": False}
+        txn.state["budgets"] = {**txn.state["budgets"], "wall_s": 120.0}
     app = TikEvoApp(live_run)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
-        assert "κ 2/4  moves 3 left  audit 5.5 s" in text(app).splitlines()[0]
+        bar = text(app).splitlines()[0]
+        # and offspring a minute of the run's wall time after the root's audit: 5 in 120 - 5.5 s
+        assert "κ 2/4  moves 3 left  2.6 audits/min" in bar, bar

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tik_evo.report import offspring_audits
+from tik_evo.report import offspring_audits, throughput_figures
 from tui.model import RunView, fmt_x
 
 
@@ -31,7 +31,11 @@ class RunBar(Static):
             t.append(f"  moves {len(left)} left")
         if view.any_interp:
             t.append("  INTERPRETER TIMINGS", style="bold red")
-        spent = offspring_audits(list(view.audits.values()), st.root)
-        if spent:  # the offspring's mean audit: how fast the search can go (`tik-evo status` splits it by stage)
+        audits = list(view.audits.values())
+        rate = throughput_figures(audits, st.root, (st.budgets or {}).get("wall_s") or 0.0)
+        spent = offspring_audits(audits, st.root)
+        if rate:  # how fast the search goes: offspring a minute after the root's audit (`tik-evo status` says more)
+            t.append(f"  {rate[0]:.1f} audits/min")
+        elif spent:  # no wall time recorded yet: the offspring's mean audit
             t.append(f"  audit {sum(a.seconds for a in spent) / len(spent):.1f} s")
         self.update(t)
