@@ -16,7 +16,8 @@ dl() {
 }
 tmp=$(mktemp -d)
 dl "$tmp" "ray==$version"
-for spec in click filelock jsonschema jsonschema-specifications referencing rpds-py attrs "msgpack>=1,<2" protobuf; do
+for spec in click filelock jsonschema jsonschema-specifications referencing rpds-py attrs "msgpack>=1,<2" protobuf \
+    requests urllib3 idna certifi charset-normalizer; do
   dl "$dest" "$spec"
 done
 python3 - "$tmp"/ray-*.whl "$dest" <<'EOF'
