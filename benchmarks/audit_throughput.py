@@ -18,6 +18,9 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from tik_evo.records import from_dict
+from tik_evo.report import offspring_audits, throughput_figures
+
 
 def read_export(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
@@ -25,38 +28,31 @@ def read_export(path: Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def _end(audit: dict) -> float | None:
-    """When an audit's worker finished holding the GPU (or started, with nothing else recorded)."""
-    dev = audit.get("device") or {}
-    lock = dev.get("gpu_lock") or {}
-    return lock.get("released_at")
-
-
 def summarize(records: list[dict]) -> dict:
     state = next((r for r in records if r.get("type") == "state"), None)
     if state is None:
         raise ValueError("no state record: not a `tik-evo export` of a run")
-    audits = [r for r in records if r.get("type") == "audit"]
-    root = next((a for a in audits if a.get("impl") == state.get("root")), None)
-    offspring = [a for a in audits if a is not root]
+    audits = [from_dict(r) for r in records if r.get("type") == "audit"]
+    offspring = offspring_audits(audits, state.get("root"))
     wall = float(state["budgets"]["wall_s"])
-    root_s = float(root["seconds"]) if root else 0.0
+    root_s = next((a.seconds for a in audits if a.impl == state.get("root")), 0.0)
+    figures = throughput_figures(audits, state.get("root"), wall)  # what `tik-evo status` prints
     stages: dict[str, list[float]] = {}
     misses = compile_s = 0.0
     for a in offspring:
-        for s in a.get("stages", []):
+        for s in a.stages:
             stages.setdefault(s["name"], []).append(float(s.get("seconds", 0.0)))
-        for shard in ((a.get("device") or {}).get("phases") or {}).get("shard_runners") or []:
+        for shard in (a.device.get("phases") or {}).get("shard_runners") or []:
             tc = (shard.get("runner") or {}).get("triton_compile") or {}
             misses += tc.get("misses", 0)
             compile_s += tc.get("seconds", 0.0)
-    holds = [(a["device"]["gpu_lock"]["released_at"] - a["device"]["gpu_lock"]["acquired_at"])
-             for a in offspring if (a.get("device") or {}).get("gpu_lock", {}).get("released_at")]
-    after_root = max(wall - root_s, 1e-9)
+    holds = [a.device["gpu_lock"]["released_at"] - a.device["gpu_lock"]["acquired_at"]
+             for a in offspring if (a.device.get("gpu_lock") or {}).get("released_at")]
     n = len(offspring)
-    return {"offspring": n, "wall_s": wall, "root_audit_s": root_s, "wall_after_root_s": after_root,
-            "offspring_per_min": 60.0 * n / after_root, "offspring_per_min_incl_root": 60.0 * n / wall,
-            "failures_by_kind": dict(Counter(a.get("failure_kind") or "verified" for a in offspring)),
+    return {"offspring": n, "wall_s": wall, "root_audit_s": root_s, "wall_after_root_s": max(wall - root_s, 1e-9),
+            "offspring_per_min": figures[0] if figures else 0.0,
+            "offspring_per_min_incl_root": 60.0 * n / wall if wall else 0.0,
+            "failures_by_kind": dict(Counter(a.failure_kind or "verified" for a in offspring)),
             "stage_mean_s": {k: statistics.mean(v) for k, v in stages.items()},
             "stage_count": {k: len(v) for k, v in stages.items()},
             "gpu_held_s": sum(holds) if holds else None,

@@ -211,7 +211,6 @@ def speed(patched, plain, liger, rotary, args, shape, device) -> dict:
             def step(fn=fn, which=which):
                 models[which].zero_grad(set_to_none=True)
                 fn().sum().backward()
-            step()  # warm
             out["profile"][which] = profile_call(step, device)
     rope_for("plain")
     for which in runs:

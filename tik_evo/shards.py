@@ -97,16 +97,18 @@ def start(job: WorkerJob, all_cases: list[dict[str, Any]], shards: int, work: Pa
 def begin(shards: list[Shard]) -> None:
     """Let the shards load the candidate into their runners."""
     for s in shards:
-        _open(s, "start")
+        _close(s, "start", go=True)
 
 
-def _open(shard: Shard, which: str) -> None:
+def _close(shard: Shard, which: str, go: bool) -> None:
+    """Close one of a shard's gates ("gate" or "start"), letting it go on (go) or, at EOF, stop."""
     fd = getattr(shard, which)
     if fd >= 0:
-        try:
-            os.write(fd, b"1")
-        except BrokenPipeError:  # the shard has died; `collect` reports it
-            pass
+        if go:
+            try:
+                os.write(fd, b"1")
+            except BrokenPipeError:  # the shard has died; `collect` reports it
+                pass
         os.close(fd)
         setattr(shard, which, -1)
 
@@ -114,17 +116,14 @@ def _open(shard: Shard, which: str) -> None:
 def release(shards: list[Shard]) -> None:
     """Let gated shards start their cases."""
     for s in shards:
-        _open(s, "gate")
+        _close(s, "gate", go=True)
 
 
 def stop(shards: list[Shard]) -> None:
     """Kill and reap the shards not yet collected (the small stage failed: the full stage will not run)."""
     for s in shards:
-        for which in ("gate", "start"):
-            fd = getattr(s, which)
-            if fd >= 0:
-                os.close(fd)
-                setattr(s, which, -1)
+        _close(s, "gate", go=False)
+        _close(s, "start", go=False)
     live = [s for s in shards if s.pid]
     for s in live:
         try:

@@ -105,11 +105,15 @@ def _use_varlen(q: torch.Tensor) -> bool:
     return q.is_cuda and _VARLEN["ok"] is not False
 
 
-def packed_backward_path(device: str | torch.device) -> str:
-    """What the packed attention's backward ran in this process on `device`, for benchmark records."""
+def _setting() -> str:
     if PACKED_BACKWARD not in PACKED_BACKWARDS:
         raise ValueError(f"PACKED_BACKWARD {PACKED_BACKWARD!r}: expected one of {', '.join(PACKED_BACKWARDS)}")
-    if torch.device(device).type != "cuda" or PACKED_BACKWARD == "sdpa_per_sequence":
+    return PACKED_BACKWARD
+
+
+def packed_backward_path(device: str | torch.device) -> str:
+    """What the packed attention's backward ran in this process on `device`, for benchmark records."""
+    if torch.device(device).type != "cuda" or _setting() == "sdpa_per_sequence":
         return "sdpa_per_sequence"
     return {True: "varlen_flash", False: "sdpa_per_sequence (varlen failed)", None: "not run"}[_VARLEN["ok"]]
 
@@ -117,11 +121,10 @@ def packed_backward_path(device: str | torch.device) -> str:
 def packed_grads(q, k, v, bounds: list[int], sm_scale: float, grad_out: torch.Tensor):
     """(dq, dk, dv) of the causal packed attention over rows bounds[b]..bounds[b + 1] (empty sequences allowed), as
     PACKED_BACKWARD says; autograd must be recording."""
-    if PACKED_BACKWARD not in PACKED_BACKWARDS:
-        raise ValueError(f"PACKED_BACKWARD {PACKED_BACKWARD!r}: expected one of {', '.join(PACKED_BACKWARDS)}")
+    setting = _setting()
     bounds = [b for i, b in enumerate(bounds) if i == 0 or b != bounds[i - 1]]  # empty sequences need no work
     grads = None
-    if PACKED_BACKWARD != "sdpa_per_sequence" and _use_varlen(q) and len(bounds) > 1:
+    if setting != "sdpa_per_sequence" and _use_varlen(q) and len(bounds) > 1:
         grads = _varlen_grads(q, k, v, bounds, sm_scale, grad_out)
     return grads if grads is not None else _per_sequence_grads(q, k, v, bounds, sm_scale, grad_out)
 

@@ -89,8 +89,8 @@ def test_audit_throughput_counts_offspring_after_the_root(tmp_path, capsys):
 
     def audit(impl, seconds, kind=None, held=None):
         dev = {"gpu_lock": {"acquired_at": 0.0, "released_at": held}} if held else {}
-        return {"type": "audit", "impl": impl, "seconds": seconds, "failure_kind": kind, "device": dev,
-                "stages": [{"name": "small", "seconds": 2.0}]}
+        return {"type": "audit", "id": f"U{impl[1:]}", "impl": impl, "seconds": seconds, "failure_kind": kind,
+                "device": dev, "stages": [{"name": "small", "seconds": 2.0}]}
 
     state = {"type": "state", "root": "I0", "budgets": {"wall_s": 130.0}, "root_objective": 7.0,
              "best_objective": 7.0}
